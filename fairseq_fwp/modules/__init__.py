@@ -1,0 +1,1 @@
+"""Layers: feature maps and the fairseq-compatible fast-weight attention."""

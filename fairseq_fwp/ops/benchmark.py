@@ -1,0 +1,133 @@
+"""Speed and memory of the fast-weight ops against causal softmax attention.
+
+    python -m fairseq_fwp.ops.benchmark            # full table (a few minutes on 2 cores)
+    python -m fairseq_fwp.ops.benchmark --quick    # T = 256 only
+
+Every case runs in a fresh subprocess so that its peak memory (the growth of
+the process's maximum resident set over the inputs) is its own. Times are
+medians of several forward+backward passes; the ratios printed at the end are
+between cases of this one run.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from . import fast_weight_delta, fast_weight_sum
+
+METHODS = ("reference-sum", "reference-delta", "chunked-sum", "chunked-delta", "softmax-sdpa")
+CONFIGS = {"B2-H4-D64": (2, 4, 64), "B1-H8-D64": (1, 8, 64)}
+REFERENCE_MAX_T = 1024
+
+
+def _inputs(B, H, T, D):
+    g = torch.Generator().manual_seed(0)
+    # Sum-normalised positive features, as the layers feed the ops.
+    q = F.softmax(torch.randn(B, H, T, D, generator=g), -1)
+    k = F.softmax(torch.randn(B, H, T, D, generator=g), -1)
+    v = torch.randn(B, H, T, D, generator=g)
+    beta = torch.sigmoid(torch.randn(B, H, T, generator=g))
+    return [x.requires_grad_() for x in (q, k, v, beta)]
+
+
+def _forward(method, q, k, v, beta):
+    if method == "softmax-sdpa":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    backend, rule = method.split("-")
+    if rule == "sum":
+        return fast_weight_sum(q, k, v, backend=backend)[0]
+    return fast_weight_delta(q, k, v, beta, backend=backend)[0]
+
+
+def _median_time(fn, reps):
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_case(method, B, H, T, D):
+    """Time one method in this process; returns a dict of measurements."""
+    inputs = _inputs(B, H, T, D)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    reps = 3 if method.startswith("reference") else 7
+
+    def fwd_bwd():
+        for x in inputs:
+            x.grad = None
+        _forward(method, *inputs).sum().backward()
+
+    def fwd():
+        with torch.no_grad():
+            _forward(method, *inputs)
+
+    result = {"fwd_bwd_s": _median_time(fwd_bwd, reps), "fwd_s": _median_time(fwd, reps)}
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result["peak_mb"] = max(rss_after - rss_before, 0) / 1024  # ru_maxrss is in KiB on Linux
+    return result
+
+
+def _run_in_subprocess(method, B, H, T, D, threads):
+    cmd = [sys.executable, "-m", "fairseq_fwp.ops.benchmark", "--case",
+           json.dumps([method, B, H, T, D]), "--threads", str(threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def machine_description(threads):
+    return (f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, "
+            f"torch {torch.__version__}, {threads} threads, Python {platform.python_version()}, "
+            f"{datetime.date.today().isoformat()}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only T = 256")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.case:
+        print(json.dumps(run_case(*json.loads(args.case))))
+        return
+
+    lengths = [256] if args.quick else [256, 1024, 4096]
+    print(f"# fast-weight ops benchmark, float32, CPU: {machine_description(args.threads)}")
+    print("| config | T | method | fwd (ms) | fwd+bwd (ms) | peak mem (MB) |")
+    print("|---|---|---|---|---|---|")
+    results = {}
+    for name, (B, H, D) in CONFIGS.items():
+        for T in lengths:
+            for method in METHODS:
+                if method.startswith("reference") and T > REFERENCE_MAX_T:
+                    continue
+                r = _run_in_subprocess(method, B, H, T, D, args.threads)
+                results[name, T, method] = r
+                print(f"| {name} | {T} | {method} | {1e3 * r['fwd_s']:.1f} | "
+                      f"{1e3 * r['fwd_bwd_s']:.1f} | {r['peak_mb']:.0f} |", flush=True)
+
+    print("\nRatios of fwd+bwd time (higher = chunked faster), same run:")
+    for (name, T, method), r in results.items():
+        if not method.startswith("chunked"):
+            continue
+        rule = method.split("-")[1]
+        for base in (f"reference-{rule}", "softmax-sdpa"):
+            if (name, T, base) in results:
+                ratio = results[name, T, base]["fwd_bwd_s"] / r["fwd_bwd_s"]
+                print(f"  {name} T={T}: {method} vs {base}: {ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Step-by-step fast-weight recurrences: the readable ground truth.
+
+Every fast backend is tested against these loops. They follow the paper
+("Linear Transformers Are Secretly Fast Weight Programmers") literally, one
+time step at a time, and let autograd do the backward pass.
+
+Layouts: q, k ``[B, H, T, D]``, v ``[B, H, T, Dv]``, beta ``[B, H, T]``,
+fast weight W ``[B, H, Dv, D]`` (read as ``W @ phi(q)``).
+
+Activation memory: autograd keeps one ``Dv x D`` fast weight per time step,
+i.e. ``O(B * H * T * Dv * D)``; use it for testing, not for training.
+"""
+import torch
+
+
+def sum_step(W, q, k, v):
+    """One step of the sum rule. q, k: [..., D]; v: [..., Dv]; W: [..., Dv, D].
+
+    Eq. 17: W_t = W_{t-1} + v_t (x) k_t, then Eq. 11: out_t = W_t q_t.
+    """
+    W = W + v.unsqueeze(-1) * k.unsqueeze(-2)
+    return (W @ q.unsqueeze(-1)).squeeze(-1), W
+
+
+def delta_step(W, q, k, v, beta):
+    """One step of the delta rule. beta: [...] in (0, 1).
+
+    Eq. 20: vbar_t = W_{t-1} k_t (the value currently stored under k_t);
+    Eq. 24: W_t = W_{t-1} + beta_t (v_t - vbar_t) (x) k_t;
+    Eq. 25: out_t = W_t q_t (the query reads the updated memory).
+    """
+    vbar = (W @ k.unsqueeze(-1)).squeeze(-1)
+    W = W + (beta.unsqueeze(-1) * (v - vbar)).unsqueeze(-1) * k.unsqueeze(-2)
+    return (W @ q.unsqueeze(-1)).squeeze(-1), W
+
+
+def _initial_state(q, v, state):
+    if state is not None:
+        return state
+    B, H, _, D = q.shape
+    return q.new_zeros(B, H, v.shape[-1], D)
+
+
+def fast_weight_sum_reference(q, k, v, state=None):
+    """Sum rule over a sequence; returns (out [B, H, T, Dv], final W)."""
+    W = _initial_state(q, v, state)
+    outs = []
+    for t in range(q.shape[2]):
+        out, W = sum_step(W, q[:, :, t], k[:, :, t], v[:, :, t])
+        outs.append(out)
+    return torch.stack(outs, dim=2), W
+
+
+def fast_weight_delta_reference(q, k, v, beta, state=None):
+    """Delta rule over a sequence; returns (out [B, H, T, Dv], final W)."""
+    W = _initial_state(q, v, state)
+    outs = []
+    for t in range(q.shape[2]):
+        out, W = delta_step(W, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t])
+        outs.append(out)
+    return torch.stack(outs, dim=2), W

@@ -1,0 +1,44 @@
+"""Input checks for the fast-weight ops: clear ValueErrors that name the tensor."""
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _describe(shape):
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _check_tensor(name, x, expected_shape, ref):
+    """expected_shape holds ints or symbolic names (str) that match anything."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != len(expected_shape) or any(
+        isinstance(e, int) and e != s for e, s in zip(expected_shape, x.shape)
+    ):
+        raise ValueError(
+            f"{name} has shape {_describe(x.shape)}, expected {_describe(expected_shape)}"
+        )
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} has dtype {x.dtype}, expected a floating dtype")
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device}, but q is on {ref.device}")
+
+
+def check_inputs(q, k, v, beta=None, state=None):
+    """Validate the contract layouts; returns (B, H, T, D, Dv)."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        shape = _describe(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"q must have shape [B, H, T, D], got {shape}")
+    B, H, T, D = q.shape
+    _check_tensor("q", q, ("B", "H", "T", "D"), q)
+    _check_tensor("k", k, (B, H, T, D), q)
+    _check_tensor("v", v, (B, H, T, "Dv"), q)
+    Dv = v.shape[-1]
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise ValueError(f"{name} has dtype {x.dtype}, but q has {q.dtype}")
+    if beta is not None:
+        _check_tensor("beta", beta, (B, H, T), q)
+    if state is not None:
+        _check_tensor("state", state, (B, H, Dv, D), q)
+    return B, H, T, D, Dv

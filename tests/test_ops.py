@@ -1,0 +1,192 @@
+"""Every fast backend against the step-by-step reference."""
+import pytest
+import torch
+
+from fairseq_fwp.ops import BACKENDS, BackendUnavailableError, fast_weight_delta, fast_weight_sum
+from fairseq_fwp.ops.chunked import DEFAULT_CHUNK_SIZE
+from op_inputs import make_inputs, outputs_and_grads, run_op
+
+FAST_BACKENDS = ["chunked"]
+RULES = ["sum", "delta"]
+C = DEFAULT_CHUNK_SIZE
+# (B, H, T, D, Dv): T = 1, T < C, T = C, T not a multiple of C, D != Dv, B*H = 1
+SHAPES = [
+    (2, 3, 1, 4, 4),
+    (1, 1, 7, 5, 3),
+    (2, 2, C, 8, 8),
+    (1, 1, 2 * C + 3, 6, 10),
+    (2, 3, C + 1, 12, 5),
+    (1, 2, 3 * C - 1, 16, 16),
+]
+
+
+def assert_all_close(got, want, rtol, atol):
+    names = ["out", "state", "dq", "dk", "dv", "dbeta", "dstate"]
+    for name, a, b in zip(names, got, want):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_matches_reference_float64(backend, rule, shape, with_state):
+    inputs = make_inputs(*shape, with_state=with_state)
+    want = outputs_and_grads(rule, inputs, "reference")
+    got = outputs_and_grads(rule, inputs, backend)
+    assert_all_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES[2:4])
+def test_matches_reference_float32(backend, rule, shape):
+    inputs = make_inputs(*shape, dtype=torch.float32)
+    want = outputs_and_grads(rule, inputs, "reference")
+    got = outputs_and_grads(rule, inputs, backend)
+    assert_all_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + FAST_BACKENDS)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("T", [1, 5])
+def test_gradcheck(backend, rule, T):
+    q, k, v, beta, W0 = make_inputs(1, 2, T, 3, 2)
+
+    def fn(q, k, v, beta, W0):
+        return run_op(rule, [q, k, v, beta, W0], backend)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, beta, W0))
+
+
+def test_gradcheck_chunked_across_chunks(monkeypatch):
+    """A small chunk size so that gradcheck crosses several chunk borders."""
+    import fairseq_fwp.ops.chunked as chunked
+
+    q, k, v, beta, W0 = make_inputs(1, 1, 11, 3, 2)
+    for rule, fn in [
+        ("sum", lambda q, k, v, b, W: chunked.fast_weight_sum_chunked(q, k, v, W, chunk_size=4)),
+        ("delta", lambda q, k, v, b, W: chunked.fast_weight_delta_chunked(q, k, v, b, W, chunk_size=4)),
+    ]:
+        assert torch.autograd.gradcheck(fn, (q, k, v, beta, W0)), rule
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 16])
+@pytest.mark.parametrize("rule", RULES)
+def test_chunk_sizes(chunk_size, rule):
+    import fairseq_fwp.ops.chunked as chunked
+
+    inputs = make_inputs(2, 1, 21, 4, 6)
+    want = outputs_and_grads(rule, inputs, "reference")
+    q, k, v, beta, W0 = inputs
+    if rule == "sum":
+        out, W = chunked.fast_weight_sum_chunked(q, k, v, W0, chunk_size=chunk_size)
+    else:
+        out, W = chunked.fast_weight_delta_chunked(q, k, v, beta, W0, chunk_size=chunk_size)
+    torch.testing.assert_close(out, want[0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(W, want[1], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + FAST_BACKENDS)
+@pytest.mark.parametrize("rule", RULES)
+def test_chaining_equals_one_call(backend, rule):
+    """[0:t] then [t:T] with the carried state == one call, outputs and gradients."""
+    T, t = 2 * C + 5, C + 2
+    inputs = make_inputs(2, 2, T, 6, 4)
+    want = outputs_and_grads(rule, inputs, backend)
+
+    q, k, v, beta, W0 = inputs
+    out1, W1 = run_op(rule, [q[:, :, :t], k[:, :, :t], v[:, :, :t], beta[:, :, :t], W0], backend)
+    out2, W2 = run_op(rule, [q[:, :, t:], k[:, :, t:], v[:, :, t:], beta[:, :, t:], W1], backend)
+    out = torch.cat([out1, out2], dim=2)
+    g = torch.Generator().manual_seed(1)
+    w_out = torch.randn(out.shape, generator=g, dtype=out.dtype)
+    w_state = torch.randn(W2.shape, generator=g, dtype=W2.dtype)
+    wrt = [q, k, v] + ([beta] if rule == "delta" else []) + [W0]
+    grads = torch.autograd.grad((out * w_out).sum() + (W2 * w_state).sum(), wrt)
+    assert_all_close([out.detach(), W2.detach()] + list(grads), want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_accumulate_in_float32(rule, dtype):
+    half = [x.detach().to(dtype).requires_grad_() for x in make_inputs(1, 2, C + 9, 8, 8)]
+    # The same (rounded) inputs computed in float32: only the output rounding may differ.
+    want_out, want_W = run_op(rule, [x.detach().float() for x in half], "reference")
+    out, W = run_op(rule, half, "auto")
+    assert out.dtype == dtype
+    assert W.dtype == torch.float32  # carried state keeps full precision
+    torch.testing.assert_close(out.float(), want_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(W, want_W, rtol=1e-4, atol=1e-4)
+    out.float().sum().backward()
+    used = half if rule == "delta" else half[:3] + half[4:]
+    assert all(x.grad is not None and x.grad.dtype == dtype for x in used)
+    # the returned float32 state can be carried into the next half call
+    out2, _ = run_op(rule, [x.detach() for x in half[:4]] + [W.detach()], "auto")
+    assert out2.dtype == dtype and torch.isfinite(out2.float()).all()
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_zero_length_sequence_keeps_state(rule):
+    q, k, v, beta, W0 = make_inputs(2, 1, 0, 4, 3)
+    out, W = run_op(rule, [q, k, v, beta, W0], "auto")
+    assert out.shape == (2, 1, 0, 3)
+    torch.testing.assert_close(W, W0)
+
+
+def test_zero_initial_state_is_default():
+    inputs = make_inputs(1, 1, 9, 4, 4, with_state=False)
+    out_none, W_none = run_op("delta", inputs, "chunked")
+    inputs[4] = torch.zeros(1, 1, 4, 4, dtype=torch.float64)
+    out_zero, W_zero = run_op("delta", inputs, "chunked")
+    torch.testing.assert_close(out_none, out_zero)
+    torch.testing.assert_close(W_none, W_zero)
+
+
+def test_delta_with_beta_one_replaces_the_value():
+    """Eq. 24 with beta = 1 and a unit key: reading that key returns the new value exactly."""
+    k = torch.zeros(1, 1, 2, 3, dtype=torch.float64)
+    k[..., 0] = 1.0
+    v = torch.tensor([[[[1.0, 2.0], [5.0, -1.0]]]], dtype=torch.float64)
+    beta = torch.ones(1, 1, 2, dtype=torch.float64)
+    for backend in ["reference"] + FAST_BACKENDS:
+        out, W = fast_weight_delta(k, k, v, beta, backend=backend)
+        torch.testing.assert_close(out[0, 0, 1], v[0, 0, 1])
+        torch.testing.assert_close(W[0, 0] @ k[0, 0, 1], v[0, 0, 1])
+
+
+def test_unknown_backend_lists_choices():
+    q, k, v, beta, _ = make_inputs(1, 1, 3, 2, 2)
+    with pytest.raises(ValueError, match="backend must be one of auto, reference, chunked, cuda"):
+        fast_weight_sum(q, k, v, backend="fast")
+    assert BACKENDS == ("auto", "reference", "chunked", "cuda")
+
+
+def test_cuda_backend_unavailable_says_what_to_do():
+    q, k, v, beta, _ = make_inputs(1, 1, 3, 2, 2)
+    with pytest.raises(BackendUnavailableError, match="chunked"):
+        fast_weight_delta(q, k, v, beta, backend="cuda")
+
+
+@pytest.mark.parametrize(
+    "bad, name",
+    [
+        (dict(q=torch.zeros(2, 3, 4)), "q"),
+        (dict(k=torch.zeros(1, 2, 5, 3)), "k"),
+        (dict(v=torch.zeros(1, 2, 4, 3, 1)), "v"),
+        (dict(v=torch.zeros(1, 2, 3, 3)), "v"),
+        (dict(beta=torch.zeros(1, 2, 5)), "beta"),
+        (dict(state=torch.zeros(1, 2, 3, 7)), "state"),
+        (dict(k=torch.zeros(1, 2, 4, 3, dtype=torch.int64)), "k"),
+        (dict(k=torch.zeros(1, 2, 4, 3, dtype=torch.float64)), "k"),
+    ],
+)
+def test_bad_shapes_name_the_tensor(bad, name):
+    args = dict(
+        q=torch.zeros(1, 2, 4, 3), k=torch.zeros(1, 2, 4, 3), v=torch.zeros(1, 2, 4, 5),
+        beta=torch.zeros(1, 2, 4), state=torch.zeros(1, 2, 5, 3),
+    )
+    args.update(bad)
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        fast_weight_delta(args["q"], args["k"], args["v"], args["beta"], args["state"])
