@@ -1,0 +1,15 @@
+"""fairseq-fwp: fast-weight programmers for fairseq (use with --user-dir).
+
+Importing the package applies the compatibility fixes (compat.py) and
+registers the models and architectures. ``fairseq_fwp.ops`` is pure torch
+and does not need fairseq.
+"""
+try:
+    import fairseq  # noqa: F401
+except ImportError:  # ops-only use: nothing to register
+    fairseq = None
+
+if fairseq is not None:
+    from . import compat, models  # noqa: F401
+
+    compat.apply()

@@ -7,6 +7,11 @@ Every case runs in a fresh subprocess so that its peak memory (the growth of
 the process's maximum resident set over the inputs) is its own. Times are
 medians of several forward+backward passes; the ratios printed at the end are
 between cases of this one run.
+
+--malloc-keep-memory sets glibc's MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_
+in each case's environment, so that large tensors are recycled instead of
+being mapped (and page-faulted) afresh: the usual CPU-training setting, like
+preloading jemalloc. It applies to every method alike.
 """
 import argparse
 import datetime
@@ -79,10 +84,14 @@ def run_case(method, B, H, T, D):
     return result
 
 
-def _run_in_subprocess(method, B, H, T, D, threads):
+KEEP_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+
+
+def _run_in_subprocess(method, B, H, T, D, threads, keep_memory):
     cmd = [sys.executable, "-m", "fairseq_fwp.ops.benchmark", "--case",
            json.dumps([method, B, H, T, D]), "--threads", str(threads)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, **(KEEP_MEMORY_ENV if keep_memory else {}))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -96,6 +105,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only T = 256")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--malloc-keep-memory", action="store_true",
+                        help="run every case with glibc's mmap/trim thresholds raised (see above)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -105,6 +116,7 @@ def main(argv=None):
 
     lengths = [256] if args.quick else [256, 1024, 4096]
     print(f"# fast-weight ops benchmark, float32, CPU: {machine_description(args.threads)}")
+    print(f"# glibc malloc: {'thresholds raised' if args.malloc_keep_memory else 'default'}")
     print("| config | T | method | fwd (ms) | fwd+bwd (ms) | peak mem (MB) |")
     print("|---|---|---|---|---|---|")
     results = {}
@@ -113,7 +125,7 @@ def main(argv=None):
             for method in METHODS:
                 if method.startswith("reference") and T > REFERENCE_MAX_T:
                     continue
-                r = _run_in_subprocess(method, B, H, T, D, args.threads)
+                r = _run_in_subprocess(method, B, H, T, D, args.threads, args.malloc_keep_memory)
                 results[name, T, method] = r
                 print(f"| {name} | {T} | {method} | {1e3 * r['fwd_s']:.1f} | "
                       f"{1e3 * r['fwd_bwd_s']:.1f} | {r['peak_mb']:.0f} |", flush=True)

@@ -42,6 +42,17 @@ def _t(x):
     return x.transpose(-1, -2)
 
 
+def _add_matmul_(acc, a, b):
+    """acc += a @ b in place, batched over all leading dims.
+
+    Fewer fresh temporaries matter on CPU, where every new large tensor pays
+    for its page faults.
+    """
+    flat = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731 (views: leading dims are contiguous)
+    flat(acc).baddbmm_(flat(a), flat(b))  # acc is contiguous: flat(acc) is a view
+    return acc
+
+
 class _SumRuleChunked(torch.autograd.Function):
     """Sum rule, Eq. 17 + Eq. 11, fully parallel over chunks."""
 
@@ -93,11 +104,11 @@ def _delta_chunk_factors(K, V, beta):
     (I + strictly_lower(diag(beta) K K^T)) [Wk | Uv] = diag(beta) [K | V].
     Returns (Tinv, Wk, Uv) with Tinv the inverse of that system's matrix.
     """
-    C = K.shape[-2]
-    eye = torch.eye(C, dtype=K.dtype, device=K.device)
     Kb = K * beta.unsqueeze(-1)
-    M = eye + (Kb @ _t(K)).tril_(-1)
-    Tinv = torch.linalg.solve_triangular(M, eye.expand_as(M), upper=False, unitriangular=True)
+    M = (Kb @ _t(K)).tril_(-1)
+    M.diagonal(dim1=-2, dim2=-1).fill_(1)
+    eye = torch.eye(K.shape[-2], dtype=K.dtype, device=K.device).expand_as(M)
+    Tinv = torch.linalg.solve_triangular(M, eye, upper=False, unitriangular=True)
     return Tinv, Tinv @ Kb, Tinv @ (V * beta.unsqueeze(-1))
 
 
@@ -118,7 +129,7 @@ class _DeltaRuleChunked(torch.autograd.Function):
             S = S + _t(K[:, :, n]) @ U[:, :, n]
         S_start = torch.stack(states, 2)
         A = (Q @ _t(K)).tril_()  # inclusive: out_t reads W_t, which has step t
-        out = Q @ S_start + A @ U
+        out = _add_matmul_(Q @ S_start, A, U)
         ctx.save_for_backward(q, k, v, beta, S_start, Tinv, Wk, U, A)
         ctx.chunk = chunk
         return _from_chunks(out, T), S
@@ -141,17 +152,20 @@ class _DeltaRuleChunked(torch.autograd.Function):
             dS = dS + QtdO[:, :, n] - _t(Wk[:, :, n]) @ dU[:, :, n]
 
         dA = (dO @ _t(U)).tril_()
-        dQ = dO @ _t(S_start) + dA @ K
+        dQ = _add_matmul_(dO @ _t(S_start), dA, K)
         # Through the solve [Wk | Uv] = M^-1 diag(b) [K | V]. With dWk = -dU S^T
         # the right-hand-side gradients are dR_v = M^-T dU and dR_k = -dR_v S^T,
         # and dM = -(dR_k Wk^T + dR_v Uv^T) = -dR_v U^T (strictly lower part).
         dR_v = _t(Tinv) @ dU
-        dR_k = dR_v @ _t(S_start)  # minus the true dR_k; the sign is folded in below
+        neg_dR_k = dR_v @ _t(S_start)
         dM = (dR_v @ _t(U)).tril_(-1).neg_()
         P = dM * b  # M = I + strictly_lower(diag(b) K K^T): d(K K^T) = diag(b) dM
-        dK = _t(dA) @ Q + U @ _t(dS_end) + (P + _t(P)) @ K - b * dR_k
-        dV = b * dR_v
-        db = (dM * (K @ _t(K))).sum(-1) + (dR_v * V).sum(-1) - (dR_k * K).sum(-1)
+        dK = _add_matmul_(_t(dA) @ Q, U, _t(dS_end))
+        _add_matmul_(dK, P + _t(P), K)
+        dK.addcmul_(b, neg_dR_k, value=-1)
+        db = dM.mul_(K @ _t(K)).sum(-1)
+        db += (dR_v * V).sum(-1) - (neg_dR_k * K).sum(-1)
+        dV = dR_v.mul_(b)
         db = db.reshape(*db.shape[:2], -1)[:, :, :T]
         return (_from_chunks(dQ, T), _from_chunks(dK, T), _from_chunks(dV, T), db, dS, None)
 

@@ -1,0 +1,53 @@
+"""Translation model `fwp_transformer`: fairseq's Transformer with fast-weight attention."""
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_vaswani_wmt_en_de_big
+
+from ..modules.transformer_layers import FastWeightTransformerDecoder, FastWeightTransformerEncoder
+from .fwp_config import add_fwp_args, fast_weight_options, set_fwp_defaults
+
+
+@register_model("fwp_transformer")
+class FastWeightTransformerModel(TransformerModel):
+    """--fwp-feature-map softmax gives the unmodified Transformer, as a baseline in the same model."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_fwp_args(parser)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return FastWeightTransformerEncoder(cfg, fast_weight_options(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return FastWeightTransformerDecoder(
+            cfg, fast_weight_options(args), tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
+        )
+
+
+# The paper's MT setting (Table 1): every attention fast-weight, sum rule,
+# attention normalisation (Eq. 19) and sum normalisation (Eq. 29).
+MT_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="sum", fwp_attn_norm="on", fwp_sum_norm="on")
+
+
+@register_model_architecture("fwp_transformer", "fwp_transformer_tiny")
+def fwp_transformer_tiny(args):
+    """A 2+2-layer model of width 64 for tests and the quickstart."""
+    for side in ("encoder", "decoder"):
+        setattr(args, f"{side}_embed_dim", getattr(args, f"{side}_embed_dim", 64))
+        setattr(args, f"{side}_ffn_embed_dim", getattr(args, f"{side}_ffn_embed_dim", 128))
+        setattr(args, f"{side}_layers", getattr(args, f"{side}_layers", 2))
+        setattr(args, f"{side}_attention_heads", getattr(args, f"{side}_attention_heads", 4))
+    set_fwp_defaults(args, **MT_DEFAULTS)
+    base_architecture(args)
+
+
+@register_model_architecture("fwp_transformer", "fwp_transformer_wmt_en_de_big")
+def fwp_transformer_wmt_en_de_big(args):
+    """transformer_vaswani_wmt_en_de_big: 6+6 layers, 1024/4096, 16 heads (d_key = 64)."""
+    set_fwp_defaults(args, **MT_DEFAULTS)
+    transformer_vaswani_wmt_en_de_big(args)

@@ -1,0 +1,92 @@
+"""Language model `fwp_transformer_lm`: fairseq's Transformer LM with fast-weight attention."""
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer_lm import (
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+    base_lm_architecture,
+)
+
+from ..modules.transformer_layers import FastWeightTransformerDecoder
+from .fwp_config import ON_OFF, FastWeightConfig, fast_weight_options, set_fwp_defaults, tighten_arg_types
+
+
+@dataclass
+class FastWeightLanguageModelConfig(TransformerLanguageModelConfig, FastWeightConfig):
+    fwp_positions: ChoiceEnum(ON_OFF) = field(
+        default="off", metadata={"help": "token positional embeddings (the paper's best LM has none)"})
+
+
+@register_model("fwp_transformer_lm", dataclass=FastWeightLanguageModelConfig)
+class FastWeightTransformerLanguageModel(TransformerLanguageModel):
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        tighten_arg_types(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        if args.fwp_positions == "off":
+            args.no_token_positional_embeddings = True
+        # fairseq's LM builder hard-codes its own decoder class; let it resolve
+        # the (adaptive) input embeddings, then build the fast-weight decoder
+        # around them. The throw-away decoder costs one extra initialisation.
+        embed_tokens = super().build_model(args, task).decoder.embed_tokens
+        decoder = FastWeightTransformerDecoder(
+            TransformerConfig.from_namespace(args), fast_weight_options(args),
+            task.target_dictionary, embed_tokens, no_encoder_attn=True,
+        )
+        return cls(decoder)
+
+
+# The paper's best LM (Tables 2-3): Delta Net = linear phi + delta rule, sum
+# normalisation, no attention normalisation, no positional encoding.
+LM_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="delta", fwp_attn_norm="off", fwp_sum_norm="on")
+
+
+def _lm_defaults(args, layers, dim, heads, ffn, positions):
+    args.decoder_layers = getattr(args, "decoder_layers", layers)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", dim)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", heads)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", ffn)
+    args.max_target_positions = getattr(args, "max_target_positions", positions)
+    if getattr(args, "fwp_positions", None) is None:
+        args.fwp_positions = "off"
+    set_fwp_defaults(args, **LM_DEFAULTS)
+
+
+def _wiki103_defaults(args):
+    """Adaptive softmax/input over the 267K-word WikiText-103 vocabulary, tied."""
+    args.dropout = getattr(args, "dropout", 0.1)
+    args.adaptive_softmax_cutoff = getattr(args, "adaptive_softmax_cutoff", "20000,40000,200000")
+    args.adaptive_input = getattr(args, "adaptive_input", True)
+    args.adaptive_input_cutoff = getattr(args, "adaptive_input_cutoff", "20000,40000,200000")
+    args.adaptive_input_factor = getattr(args, "adaptive_input_factor", 4)
+    args.adaptive_softmax_factor = getattr(args, "adaptive_softmax_factor", 4)
+    args.tie_adaptive_weights = getattr(args, "tie_adaptive_weights", True)
+
+
+@register_model_architecture("fwp_transformer_lm", "fwp_lm_tiny")
+def fwp_lm_tiny(args):
+    """2 layers of width 64, for tests and the quickstart."""
+    _lm_defaults(args, layers=2, dim=64, heads=4, ffn=128, positions=1024)
+    base_lm_architecture(args)
+
+
+@register_model_architecture("fwp_transformer_lm", "fwp_lm_wiki103_small")
+def fwp_lm_wiki103_small(args):
+    """Paper's small config: 16 layers, D = 128, 8 heads, FFN 2048, L = 256."""
+    _lm_defaults(args, layers=16, dim=128, heads=8, ffn=2048, positions=256)
+    _wiki103_defaults(args)
+    base_lm_architecture(args)
+
+
+@register_model_architecture("fwp_transformer_lm", "fwp_lm_wiki103_medium")
+def fwp_lm_wiki103_medium(args):
+    """Paper's medium config: 16 layers, D = 256, 8 heads, FFN 2048, L = 384."""
+    _lm_defaults(args, layers=16, dim=256, heads=8, ffn=2048, positions=384)
+    _wiki103_defaults(args)
+    base_lm_architecture(args)

@@ -1,0 +1,100 @@
+"""fairseq Transformer layers whose attention hooks build FastWeightAttention.
+
+Each layer overrides only the attention builders; everything else is
+fairseq's. ``fwp`` holds the --fwp-* values (models/fwp_config.py).
+"""
+from fairseq.distributed import fsdp_wrap
+from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from .fast_weight_attention import FastWeightAttention
+
+# Which attentions --fwp-sites replaces.
+SITES = ("all", "self", "decoder-self")
+
+
+class FastWeightEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, cfg, fwp, return_fc=False):
+        self.fwp = fwp  # read by build_self_attention inside the base __init__
+        super().__init__(cfg, return_fc=return_fc)
+
+    def build_self_attention(self, embed_dim, cfg):
+        if not uses_fast_weights(self.fwp, "encoder-self"):
+            return super().build_self_attention(embed_dim, cfg)
+        return build_fast_weight_attention(self.fwp, embed_dim, cfg.encoder.attention_heads, causal=False)
+
+
+class FastWeightDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, cfg, fwp, no_encoder_attn=False):
+        self.fwp = fwp
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if not uses_fast_weights(self.fwp, "decoder-self"):
+            return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
+        return build_fast_weight_attention(self.fwp, embed_dim, cfg.decoder.attention_heads, causal=True)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        if not uses_fast_weights(self.fwp, "cross"):
+            return super().build_encoder_attention(embed_dim, cfg)
+        return build_fast_weight_attention(
+            self.fwp, embed_dim, cfg.decoder.attention_heads, causal=False, kdim=cfg.encoder.embed_dim
+        )
+
+
+def uses_fast_weights(cfg, site):
+    """site: "encoder-self", "decoder-self" or "cross"."""
+    if cfg.fwp_feature_map == "softmax":
+        return False
+    return {"all": True, "self": site != "cross", "decoder-self": site == "decoder-self"}[cfg.fwp_sites]
+
+
+def build_fast_weight_attention(cfg, embed_dim, num_heads, *, causal, kdim=None):
+    """A FastWeightAttention configured from the --fwp-* values in cfg.
+
+    FAVOR+ seeds come from torch's RNG, which fairseq seeds with --seed before
+    building the model: every layer differs, every run and rank agrees.
+    """
+    name = cfg.fwp_feature_map
+    options = {}
+    if name == "dpfp":
+        options["nu"] = cfg.fwp_dpfp_nu
+    elif name == "performer":
+        options["num_features"] = cfg.fwp_performer_features or embed_dim // num_heads
+    delta = causal and cfg.fwp_update_rule == "delta"
+    return FastWeightAttention(
+        embed_dim, num_heads, kdim=kdim, vdim=kdim, causal=causal,
+        feature_map=name, feature_map_options=options,
+        update_rule="delta" if delta else "sum",
+        sum_normalization=delta or cfg.fwp_sum_norm == "on",  # SPEC: always on for delta
+        attention_normalization=cfg.fwp_attn_norm == "on",
+        output_scaling=cfg.fwp_output_scaling == "on",
+        backend=cfg.fwp_backend,
+    )
+
+
+def _wrap(layer, cfg):
+    """fairseq's activation checkpointing and FSDP wrapping of a layer."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+class FastWeightTransformerEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, fwp, dictionary, embed_tokens):
+        self.fwp = fwp
+        super().__init__(cfg, dictionary, embed_tokens)
+
+    def build_encoder_layer(self, cfg):
+        return _wrap(FastWeightEncoderLayer(cfg, self.fwp, return_fc=self.return_fc), cfg)
+
+
+class FastWeightTransformerDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, fwp, dictionary, embed_tokens, no_encoder_attn=False):
+        self.fwp = fwp
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap(FastWeightDecoderLayer(cfg, self.fwp, no_encoder_attn=no_encoder_attn), cfg)
