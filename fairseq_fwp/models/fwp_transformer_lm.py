@@ -47,12 +47,11 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
 LM_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="delta", fwp_attn_norm="off", fwp_sum_norm="on")
 
 
-def _lm_defaults(args, layers, dim, heads, ffn, positions):
+def _lm_defaults(args, layers, dim, heads, ffn):
     args.decoder_layers = getattr(args, "decoder_layers", layers)
     args.decoder_embed_dim = getattr(args, "decoder_embed_dim", dim)
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", heads)
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", ffn)
-    args.max_target_positions = getattr(args, "max_target_positions", positions)
     if getattr(args, "fwp_positions", None) is None:
         args.fwp_positions = "off"
     set_fwp_defaults(args, **LM_DEFAULTS)
@@ -72,21 +71,21 @@ def _wiki103_defaults(args):
 @register_model_architecture("fwp_transformer_lm", "fwp_lm_tiny")
 def fwp_lm_tiny(args):
     """2 layers of width 64, for tests and the quickstart."""
-    _lm_defaults(args, layers=2, dim=64, heads=4, ffn=128, positions=1024)
+    _lm_defaults(args, layers=2, dim=64, heads=4, ffn=128)
     base_lm_architecture(args)
 
 
 @register_model_architecture("fwp_transformer_lm", "fwp_lm_wiki103_small")
 def fwp_lm_wiki103_small(args):
-    """Paper's small config: 16 layers, D = 128, 8 heads, FFN 2048, L = 256."""
-    _lm_defaults(args, layers=16, dim=128, heads=8, ffn=2048, positions=256)
+    """Paper's small config: 16 layers, D = 128, 8 heads, FFN 2048 (train with --tokens-per-sample 256)."""
+    _lm_defaults(args, layers=16, dim=128, heads=8, ffn=2048)
     _wiki103_defaults(args)
     base_lm_architecture(args)
 
 
 @register_model_architecture("fwp_transformer_lm", "fwp_lm_wiki103_medium")
 def fwp_lm_wiki103_medium(args):
-    """Paper's medium config: 16 layers, D = 256, 8 heads, FFN 2048, L = 384."""
-    _lm_defaults(args, layers=16, dim=256, heads=8, ffn=2048, positions=384)
+    """Paper's medium config: 16 layers, D = 256, 8 heads, FFN 2048 (train with --tokens-per-sample 384)."""
+    _lm_defaults(args, layers=16, dim=256, heads=8, ffn=2048)
     _wiki103_defaults(args)
     base_lm_architecture(args)

@@ -1,0 +1,129 @@
+"""FastWeightAttention inside real fairseq models (in-process, no CLI)."""
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+
+from fairseq_models import build_translation_model, random_tokens  # noqa: E402
+from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
+
+VARIANTS = [
+    (fm, rule, attn_norm)
+    for fm in ("linear", "performer", "dpfp")
+    for rule in ("sum", "delta")
+    for attn_norm in ("on", "off")
+]
+
+
+def flags(fm, rule, attn_norm):
+    return ["--fwp-feature-map", fm, "--fwp-update-rule", rule, "--fwp-attn-norm", attn_norm]
+
+
+def decoder_inputs(d, B=3, T=7, seed=1):
+    prev = random_tokens(d, [T] * B, seed=seed)
+    prev[:, 0] = d.eos()
+    return prev
+
+
+@pytest.mark.parametrize("fm, rule, attn_norm", VARIANTS)
+def test_step_by_step_decoding_equals_full_forward(fm, rule, attn_norm):
+    model, d = build_translation_model(*flags(fm, rule, attn_norm))
+    src = random_tokens(d, [5, 9, 7])
+    src_lengths = src.ne(d.pad()).sum(1)
+    prev = decoder_inputs(d)
+    with torch.no_grad():
+        full, _ = model(src, src_lengths, prev)
+        encoder_out = model.encoder(src, src_lengths=src_lengths)
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+                 for t in range(prev.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_state_has_constant_size():
+    model, d = build_translation_model(*flags("dpfp", "delta", "on"))
+    src = random_tokens(d, [6, 6])
+    prev = decoder_inputs(d, B=2, T=12)
+    encoder_out = model.encoder(src, src_lengths=src.ne(d.pad()).sum(1))
+    state, sizes = {}, []
+    with torch.no_grad():
+        for t in range(prev.shape[1]):
+            model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+            sizes.append(sum(v.numel() for buf in state.values() for v in buf.values() if v is not None))
+    assert len(set(sizes)) == 1, sizes
+
+
+@pytest.mark.parametrize("fm, rule, attn_norm", VARIANTS[::3])
+def test_left_padding_does_not_change_the_result(fm, rule, attn_norm):
+    model, d = build_translation_model(*flags(fm, rule, attn_norm))
+    src = random_tokens(d, [4, 9])  # row 0 is left-padded by 5
+    prev = decoder_inputs(d, B=2, T=5)
+    with torch.no_grad():
+        batched, _ = model(src, src.ne(d.pad()).sum(1), prev)
+        alone, _ = model(src[:1, 5:], torch.tensor([4]), prev[:1])
+    torch.testing.assert_close(batched[:1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_right_padded_decoder_inputs_do_not_leak():
+    """Padding in the decoder input (fairseq pads targets right) never changes earlier positions."""
+    model, d = build_translation_model(*flags("linear", "delta", "on"))
+    src = random_tokens(d, [5, 5])
+    prev = decoder_inputs(d, B=2, T=6)
+    padded = prev.clone()
+    padded[0, 4:] = d.pad()
+    with torch.no_grad():
+        want, _ = model(src, src.ne(d.pad()).sum(1), prev)
+        got, _ = model(src, src.ne(d.pad()).sum(1), padded)
+    torch.testing.assert_close(got[0, :4], want[0, :4], rtol=1e-5, atol=1e-5)
+
+
+def test_beam_reorder_moves_the_state():
+    model, d = build_translation_model(*flags("dpfp", "delta", "off"))
+    src = random_tokens(d, [5, 7, 6])
+    prev = decoder_inputs(d, B=3, T=6)
+    order = torch.tensor([2, 0, 0])
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=src.ne(d.pad()).sum(1))
+        state = {}
+        for t in range(3):
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        enc = model.encoder.reorder_encoder_out(enc, order)
+        got = model.decoder(prev[order, :4], encoder_out=enc, incremental_state=state)[0]
+        want, _ = model(src[order], src[order].ne(d.pad()).sum(1), prev[order, :4])
+    torch.testing.assert_close(got[:, 0], want[:, 3], rtol=1e-5, atol=1e-5)
+
+
+def test_every_attention_site_is_replaced_and_softmax_is_the_baseline():
+    model, _ = build_translation_model(*flags("dpfp", "delta", "on"))
+    attns = [m for m in model.modules() if isinstance(m, FastWeightAttention)]
+    assert len(attns) == 2 + 2 * 2  # encoder self, decoder self and cross
+    assert sum(a.update_rule == "delta" for a in attns) == 2  # decoder self-attention only
+    baseline, _ = build_translation_model("--fwp-feature-map", "softmax")
+    assert not any(isinstance(m, FastWeightAttention) for m in baseline.modules())
+    self_only, _ = build_translation_model("--fwp-sites", "decoder-self")
+    assert sum(isinstance(m, FastWeightAttention) for m in self_only.modules()) == 2
+
+
+def test_performer_redraws_every_training_forward_and_is_fixed_in_eval():
+    attn = FastWeightAttention(16, 2, feature_map="performer", feature_map_options={"num_features": 8, "seed": 0})
+    x = torch.randn(5, 2, 16)
+    attn.train()
+    a, b = attn(x, x, x)[0], attn(x, x, x)[0]
+    assert not torch.allclose(a, b)
+    attn.eval()
+    c, e = attn(x, x, x)[0], attn(x, x, x)[0]
+    torch.testing.assert_close(c, e)
+
+
+def test_attention_returns_no_weights_and_checks_arguments():
+    attn = FastWeightAttention(16, 4, update_rule="delta")
+    x = torch.randn(3, 2, 16)
+    out, weights = attn(x, x, x, need_weights=True)
+    assert out.shape == x.shape and weights is None
+    with pytest.raises(ValueError, match="divisible"):
+        FastWeightAttention(10, 4)
+    with pytest.raises(ValueError, match="update_rule"):
+        FastWeightAttention(16, 4, update_rule="oja")
+    with pytest.raises(ValueError, match="causal"):
+        FastWeightAttention(16, 4, update_rule="delta", causal=False)

@@ -1,0 +1,67 @@
+"""--fwp-* flags fail at parse time with clear messages; the compat fixes hold."""
+import numpy as np
+import pytest
+
+pytest.importorskip("fairseq")
+
+from fairseq_models import parse_args  # noqa: E402
+
+MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm_tiny")]
+
+
+@pytest.mark.parametrize("task, arch", MODELS)
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--fwp-feature-map", "relu", "invalid choice: 'relu' (choose from 'softmax', 'linear', 'performer', 'dpfp')"),
+        ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'delta')"),
+        ("--fwp-backend", "gpu", "invalid choice: 'gpu' (choose from 'auto', 'reference', 'chunked', 'cuda')"),
+        ("--fwp-dpfp-nu", "0", "expected an integer >= 1, got 0"),
+        ("--fwp-dpfp-nu", "two", "expected an integer >= 1, got 'two'"),
+        ("--fwp-performer-features", "-3", "expected an integer >= 0, got -3"),
+        ("--fwp-attn-norm", "yes", "invalid choice: 'yes' (choose from 'on', 'off')"),
+        ("--fwp-sites", "encoder", "invalid choice: 'encoder' (choose from 'all', 'self', 'decoder-self')"),
+    ],
+)
+def test_bad_flag_values_fail_at_parse_time(capsys, task, arch, flag, value, message):
+    with pytest.raises(SystemExit):
+        parse_args(task, arch, flag, value)
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {message}" in err, err[-500:]
+
+
+def test_arch_defaults_follow_the_paper():
+    mt = parse_args("translation", "fwp_transformer_wmt_en_de_big")
+    assert (mt.fwp_feature_map, mt.fwp_update_rule, mt.fwp_attn_norm, mt.fwp_sum_norm) == ("linear", "sum", "on", "on")
+    assert (mt.encoder_layers, mt.decoder_layers, mt.encoder_embed_dim, mt.encoder_ffn_embed_dim,
+            mt.encoder_attention_heads) == (6, 6, 1024, 4096, 16)
+    lm = parse_args("language_modeling", "fwp_lm_wiki103_small")
+    assert (lm.fwp_feature_map, lm.fwp_update_rule, lm.fwp_attn_norm, lm.fwp_positions) == ("linear", "delta", "off", "off")
+    assert (lm.decoder_layers, lm.decoder_embed_dim, lm.decoder_attention_heads, lm.decoder_ffn_embed_dim) == (16, 128, 8, 2048)
+    medium = parse_args("language_modeling", "fwp_lm_wiki103_medium", "--fwp-update-rule", "sum")
+    assert (medium.decoder_embed_dim, medium.fwp_update_rule) == (256, "sum")
+
+
+def test_last_batch_is_never_dropped():
+    import fairseq_fwp  # noqa: F401  (applies the fixes)
+    from fairseq.data import data_utils
+
+    indices = np.arange(13, dtype=np.int64)
+    batches = data_utils.batch_by_size(indices, lambda i: 4, max_sentences=8, required_batch_size_multiple=8)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(13))
+
+
+def test_fairseq_checkpoints_load_under_weights_only_default(tmp_path):
+    import argparse
+
+    import fairseq_fwp  # noqa: F401
+    import torch
+    from fairseq import checkpoint_utils
+
+    path = tmp_path / "ckpt.pt"
+    torch.save({"args": argparse.Namespace(arch="x"), "model": {"w": torch.ones(2)}}, path)
+    with pytest.raises(Exception):
+        torch.load(path)  # torch's own default is untouched: weights_only refuses the Namespace
+    state = checkpoint_utils.torch.load(path)  # what fairseq's loader calls
+    assert state["args"].arch == "x"
+    assert checkpoint_utils.torch.nn is torch.nn
