@@ -1,5 +1,7 @@
 import os
 import sys
 
-# Make the repo importable when the tests run without `pip install -e .`.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repo (tests run without `pip install -e .`) and the quickstart pipeline.
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples", "quickstart"))

@@ -1,12 +1,10 @@
 """Build tiny fwp models in-process through fairseq's own argument parsing."""
-import os
 import types
 
 import torch
 from fairseq import options
 from fairseq.data import Dictionary
-
-PLUGIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_fwp")
+from pipeline import PLUGIN_DIR
 
 
 def parse_args(task, arch, *flags):

@@ -5,9 +5,10 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from cli import fairseq, preprocess_lm, preprocess_translation, train_lm, train_translation  # noqa: E402
-from fairseq_models import PLUGIN_DIR  # noqa: E402
 from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
+from pipeline import (  # noqa: E402
+    bleu, eval_lm, generate, perplexity, preprocess_lm, preprocess_translation, train_lm, train_translation,
+)
 
 N_TEST = 203  # not a multiple of 8: the fork used to drop the last batch
 COMBOS = [(fm, rule) for fm in ("linear", "performer", "dpfp") for rule in ("sum", "delta")]
@@ -26,17 +27,6 @@ def fwp_flags(fm, rule):
     return ["--fwp-feature-map", fm, "--fwp-update-rule", rule]
 
 
-def bleu(output):
-    match = re.search(r"BLEU = ([0-9.]+)", output)
-    assert match, output[-2000:]
-    return float(match.group(1))
-
-
-def generate(data, checkpoint, *flags):
-    return fairseq("generate", data / "bin-mt", "--user-dir", PLUGIN_DIR, "--path", checkpoint,
-                   "--gen-subset", "test", "--beam", 4, "--batch-size", 16, "--scoring", "sacrebleu", *flags)
-
-
 @pytest.mark.parametrize("fm, rule", COMBOS)
 def test_translation_train_resume_generate(data, tmp_path, fm, rule):
     log = train_translation(data / "bin-mt", tmp_path, *fwp_flags(fm, rule), max_update=4)
@@ -46,7 +36,7 @@ def test_translation_train_resume_generate(data, tmp_path, fm, rule):
     assert re.search(r"Loaded checkpoint .*\(epoch \d+ @ 4 updates\)", log), log[-3000:]
     assert "num_updates=6" in log
 
-    out = generate(data, tmp_path / "checkpoint_last.pt")
+    out = generate(data / "bin-mt", tmp_path / "checkpoint_last.pt")
     hypotheses = {int(m) for m in re.findall(r"^H-(\d+)\t", out, flags=re.M)}
     assert hypotheses == set(range(N_TEST))  # every test sentence, exactly once
     bleu(out)
@@ -62,9 +52,8 @@ def test_lm_train_resume_eval(data, tmp_path, fm, rule):
 
     counts = []
     for extra in ([], ["--context-window", 32]):
-        out = fairseq("eval-lm", data / "bin-lm", "--user-dir", PLUGIN_DIR, "--path", tmp_path / "checkpoint_last.pt",
-                      "--gen-subset", "test", "--tokens-per-sample", 64, "--batch-size", 4, *extra)
-        assert re.search(r"Perplexity: [0-9.]+", out), out[-2000:]
+        out = eval_lm(data / "bin-lm", tmp_path / "checkpoint_last.pt", *extra)
+        assert perplexity(out) > 1
         counts.append(re.search(r"Evaluated ([0-9,]+) tokens", out).group(1))
     assert counts[0] == counts[1]  # the sliding window scores every token once too
 
@@ -73,5 +62,5 @@ def test_toy_translation_is_learned(data, tmp_path):
     """A tiny DPFP + delta model learns the synthetic lexicon and reordering."""
     train_translation(data / "bin-mt", tmp_path, *fwp_flags("dpfp", "delta"), "--dropout", 0,
                       max_update=250, lr=0.003, warmup=100)
-    score = bleu(generate(data, tmp_path / "checkpoint_last.pt"))
+    score = bleu(generate(data / "bin-mt", tmp_path / "checkpoint_last.pt"))
     assert score >= 40, score  # chance is ~0 (random lexicon)

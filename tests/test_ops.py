@@ -9,7 +9,8 @@ from op_inputs import make_inputs, outputs_and_grads, run_op
 FAST_BACKENDS = ["chunked"]
 RULES = ["sum", "delta"]
 C = DEFAULT_CHUNK_SIZE
-# (B, H, T, D, Dv): T = 1, T < C, T = C, T not a multiple of C, D != Dv, B*H = 1
+# (B, H, T, D, Dv): T = 1, T < C, T = C, T not a multiple of C, D != Dv, B*H = 1;
+# D <= 32 runs with 32-token chunks, larger D with 64 (chunked.default_chunk_size).
 SHAPES = [
     (2, 3, 1, 4, 4),
     (1, 1, 7, 5, 3),
@@ -17,6 +18,7 @@ SHAPES = [
     (1, 1, 2 * C + 3, 6, 10),
     (2, 3, C + 1, 12, 5),
     (1, 2, 3 * C - 1, 16, 16),
+    (1, 1, 2 * C + 5, 64, 40),
 ]
 
 

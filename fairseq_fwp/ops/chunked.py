@@ -20,6 +20,17 @@ from .reference import delta_step, sum_step
 DEFAULT_CHUNK_SIZE = 64
 
 
+def default_chunk_size(feature_dim):
+    """Chunk length C for feature size D.
+
+    The C x C work (the triangular solve, C^2 D products) must not swamp the
+    D-sized work: measured fwd+bwd on the 2-core CPU (docs/benchmarks.md),
+    C = 32 is 2.7x faster than C = 64 at D = 16, and C = 64 is best at
+    D = 64 and D = 128.
+    """
+    return 32 if feature_dim <= 32 else DEFAULT_CHUNK_SIZE
+
+
 def _to_chunks(x, chunk):
     """[B, H, T, *F] -> [B, H, N, C, *F], zero-padding T up to N * C.
 
@@ -170,21 +181,21 @@ class _DeltaRuleChunked(torch.autograd.Function):
         return (_from_chunks(dQ, T), _from_chunks(dK, T), _from_chunks(dV, T), db, dS, None)
 
 
-def fast_weight_sum_chunked(q, k, v, state, chunk_size=DEFAULT_CHUNK_SIZE):
+def fast_weight_sum_chunked(q, k, v, state, chunk_size=None):
     """Sum rule; ``state`` is W ``[B, H, Dv, D]`` (never None here)."""
     if q.shape[2] == 1:  # decoding: one recurrent step beats any chunking
         out, W = sum_step(state, q[:, :, 0], k[:, :, 0], v[:, :, 0])
         return out.unsqueeze(2), W
-    chunk = min(chunk_size, q.shape[2])
+    chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
     out, S = _SumRuleChunked.apply(q, k, v, _t(state), chunk)
     return out, _t(S)
 
 
-def fast_weight_delta_chunked(q, k, v, beta, state, chunk_size=DEFAULT_CHUNK_SIZE):
+def fast_weight_delta_chunked(q, k, v, beta, state, chunk_size=None):
     """Delta rule; ``state`` is W ``[B, H, Dv, D]`` (never None here)."""
     if q.shape[2] == 1:
         out, W = delta_step(state, q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0])
         return out.unsqueeze(2), W
-    chunk = min(chunk_size, q.shape[2])
+    chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
     out, S = _DeltaRuleChunked.apply(q, k, v, beta, _t(state), chunk)
     return out, _t(S)

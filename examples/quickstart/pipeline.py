@@ -1,0 +1,86 @@
+"""The fairseq pipeline on the built-in synthetic corpora, one function per step.
+
+Used by the quickstart (quickstart.py) and by the end-to-end tests, so what
+the tests prove is what the quickstart runs. Every step calls the real
+fairseq-* command of the current environment.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+BIN_DIR = os.path.dirname(sys.executable)
+PLUGIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fairseq_fwp")
+
+
+def fairseq(command, *args, cwd=None):
+    """Run fairseq-<command>; returns its combined output, raises with its tail on failure."""
+    proc = subprocess.run(
+        [os.path.join(BIN_DIR, f"fairseq-{command}"), *map(str, args)],
+        cwd=cwd, capture_output=True, text=True,
+    )
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"fairseq-{command} failed ({proc.returncode}):\n{output[-4000:]}")
+    return output
+
+
+def preprocess_translation(raw_dir, dest):
+    shutil.rmtree(dest, ignore_errors=True)  # fairseq-preprocess refuses to overwrite; reruns start clean
+    fairseq("preprocess", "--source-lang", "src", "--target-lang", "tgt",
+            "--trainpref", f"{raw_dir}/train", "--validpref", f"{raw_dir}/valid", "--testpref", f"{raw_dir}/test",
+            "--destdir", dest, "--joined-dictionary", "--workers", 1)
+
+
+def preprocess_lm(raw_dir, dest):
+    shutil.rmtree(dest, ignore_errors=True)
+    fairseq("preprocess", "--only-source", "--trainpref", f"{raw_dir}/train.txt",
+            "--validpref", f"{raw_dir}/valid.txt", "--testpref", f"{raw_dir}/test.txt",
+            "--destdir", dest, "--workers", 1)
+
+
+COMMON_TRAIN = ["--user-dir", PLUGIN_DIR, "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
+                "--lr-scheduler", "inverse_sqrt", "--log-format", "simple", "--log-interval", 1,
+                "--no-epoch-checkpoints", "--seed", 1]
+
+
+def train_translation(data, save_dir, *flags, max_update=6, lr=0.002, warmup=50):
+    return fairseq("train", data, *COMMON_TRAIN, "--arch", "fwp_transformer_tiny", "--lr", lr,
+                   "--warmup-updates", warmup, "--max-tokens", 2000, "--max-update", max_update,
+                   "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1,
+                   "--save-dir", save_dir, *flags)
+
+
+def train_lm(data, save_dir, *flags, max_update=6, tokens_per_sample=64):
+    return fairseq("train", data, *COMMON_TRAIN, "--task", "language_modeling", "--arch", "fwp_lm_tiny",
+                   "--tokens-per-sample", tokens_per_sample, "--sample-break-mode", "none", "--lr", 0.002,
+                   "--warmup-updates", 20, "--max-tokens", 1024, "--max-update", max_update,
+                   "--save-dir", save_dir, *flags)
+
+
+def generate(data, checkpoint, *flags):
+    """Beam 4, sacreBLEU on the test split, every sentence kept."""
+    return fairseq("generate", data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test",
+                   "--beam", 4, "--batch-size", 16, "--scoring", "sacrebleu", *flags)
+
+
+def eval_lm(data, checkpoint, *flags, tokens_per_sample=64):
+    return fairseq("eval-lm", data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test",
+                   "--tokens-per-sample", tokens_per_sample, "--batch-size", 4, *flags)
+
+
+def bleu(output):
+    match = re.search(r"BLEU = ([0-9.]+)", output)
+    if not match:
+        raise ValueError(f"no BLEU line in:\n{output[-2000:]}")
+    return float(match.group(1))
+
+
+def perplexity(output):
+    return float(re.search(r"Perplexity: ([0-9.]+)", output).group(1))
+
+
+def train_words_per_second(log):
+    """wps of the last end-of-epoch summary line of fairseq-train."""
+    return float(re.findall(r"\| train \| .*?\| wps ([0-9.]+)", log)[-1])
