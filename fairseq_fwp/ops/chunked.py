@@ -41,7 +41,9 @@ def _to_chunks(x, chunk):
     pad = (-T) % chunk
     if pad:
         x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
-    return x.reshape(*x.shape[:2], -1, chunk, *x.shape[3:])
+    # Contiguous chunks: inputs are often permuted views ([T, B, H, d] memory),
+    # and batched matmuls on such strides fall back to one matrix at a time.
+    return x.reshape(*x.shape[:2], -1, chunk, *x.shape[3:]).contiguous()
 
 
 def _from_chunks(x, T):
@@ -83,9 +85,7 @@ class _SumRuleChunked(torch.autograd.Function):
     def backward(ctx, d_out, dS_final):
         q, k, v, S0 = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
-        # d_out may be an expanded (stride-0) tensor, e.g. from out.sum(); batched
-        # matmuls fall back to one matrix at a time on such strides.
-        Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out.contiguous()))
+        Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out))
         S_start, _ = _sum_chunk_states(K, V, S0)
         # Gradient reaching the state at the end of chunk n: every later
         # chunk's queries read it (Q_m^T dO_m) and so does the final state.
@@ -149,7 +149,7 @@ class _DeltaRuleChunked(torch.autograd.Function):
     def backward(ctx, d_out, dS_final):
         q, k, v, beta, S_start, Tinv, Wk, U, A = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
-        Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out.contiguous()))
+        Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out))
         b = _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1).unsqueeze(-1)
 
         # Reverse sweep over chunks: the only sequential part of the backward.
