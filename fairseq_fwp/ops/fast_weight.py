@@ -100,7 +100,8 @@ def fast_weight_delta(q, k, v, beta, state=None, *, backend="auto"):
     non-negative keys, as the paper uses).
 
     Activation memory kept for backward: ``reference`` one ``Dv x D`` state per
-    step (testing only); ``chunked`` the inputs plus one ``D x Dv`` state and
-    a ``C x C`` matrix per chunk of C = 64 tokens.
+    step (testing only); ``chunked`` the inputs, one ``D x Dv`` state per chunk
+    of C tokens (C = 32 for D <= 32, else 64), two ``C x C`` matrices per
+    chunk, and two tensors the size of k and v (the WY factors).
     """
     return _run(1, q, k, v, beta, state, backend)
