@@ -1,5 +1,45 @@
-"""fairseq-fwp: fast-weight programmers (linear Transformers, Performers, DPFP, DeltaNet) for fairseq."""
+"""fairseq-fwp: fast-weight programmers (linear Transformers, Performers, DPFP, DeltaNet) for fairseq.
+
+The csrc/ extension (CUDA kernels and their CPU twin) is built here when a
+CUDA toolchain and a CUDA build of torch are present. FAIRSEQ_FWP_BUILD_EXT
+overrides that: "1" builds it (the CPU twin alone without CUDA), "0" skips it.
+Without a prebuilt extension the ops JIT-build it on first use of
+backend="cuda" (fairseq_fwp/ops/cuda.py).
+"""
+import os
+
 from setuptools import find_packages, setup
+
+
+def extension_modules():
+    switch = os.environ.get("FAIRSEQ_FWP_BUILD_EXT", "auto")
+    if switch not in ("auto", "0", "1"):
+        raise SystemExit(f"FAIRSEQ_FWP_BUILD_EXT must be auto, 0 or 1; got {switch!r}")
+    if switch == "0":
+        return [], {}
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        if switch == "1":
+            raise SystemExit("FAIRSEQ_FWP_BUILD_EXT=1 needs torch installed first (pip install torch)")
+        return [], {}
+    with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    if switch == "auto" and not with_cuda:
+        return [], {}
+    sources = ["csrc/fast_weight.cpp"]
+    flags = {"cxx": ["-O3", "-std=c++17"]}
+    if with_cuda:
+        sources.append("csrc/fast_weight_cuda.cu")
+        flags["cxx"].append("-DFWP_WITH_CUDA")
+        flags["nvcc"] = ["-O3", "-std=c++17"]
+        module = cpp_extension.CUDAExtension("fairseq_fwp._C", sources, extra_compile_args=flags)
+    else:
+        module = cpp_extension.CppExtension("fairseq_fwp._C", sources, extra_compile_args=flags)
+    return [module], {"build_ext": cpp_extension.BuildExtension}
+
+
+ext_modules, cmdclass = extension_modules()
 
 setup(
     name="fairseq-fwp",
@@ -10,6 +50,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["fairseq_fwp", "fairseq_fwp.*"]),
     package_data={"fairseq_fwp.ops": ["README.md"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
     install_requires=[
         "torch>=2.1",
         "numpy",

@@ -15,9 +15,12 @@ def make_inputs(B, H, T, D, Dv, dtype=torch.float64, with_state=True, seed=0):
 
 
 def run_op(rule, inputs, backend):
+    """backend: a backend name, or a callable (q, k, v, beta, W0) -> (out, W)."""
     from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
 
     q, k, v, beta, W0 = inputs
+    if callable(backend):
+        return backend(q, k, v, beta, W0)
     if rule == "sum":
         return fast_weight_sum(q, k, v, W0, backend=backend)
     return fast_weight_delta(q, k, v, beta, W0, backend=backend)
@@ -27,8 +30,8 @@ def outputs_and_grads(rule, inputs, backend, seed=1):
     """Output, final state and fresh gradients of a random loss on both."""
     out, W = run_op(rule, inputs, backend)
     g = torch.Generator().manual_seed(seed)
-    w_out = torch.randn(out.shape, generator=g, dtype=out.dtype)
-    w_state = torch.randn(W.shape, generator=g, dtype=W.dtype)
+    w_out = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device)
+    w_state = torch.randn(W.shape, generator=g, dtype=W.dtype).to(W.device)
     loss = (out * w_out).sum() + (W * w_state).sum()
     wrt = [x for x in inputs if x is not None and (rule == "delta" or x is not inputs[3])]
     grads = torch.autograd.grad(loss, wrt)

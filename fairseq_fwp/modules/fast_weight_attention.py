@@ -30,13 +30,10 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
 from ..ops import fast_weight_delta, fast_weight_sum
+from ..ops.fast_weight import accumulation_dtype
 from .feature_maps import build_feature_map, sum_normalize
 
 UPDATE_RULES = ("sum", "delta")
-
-
-def _accumulation_dtype(x):
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 @with_incremental_state
@@ -153,7 +150,7 @@ class FastWeightAttention(nn.Module):
         z = None
         if self.attention_normalization:
             # z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18), accumulated in float32; padded keys are zero.
-            k_acc = k.to(_accumulation_dtype(k))
+            k_acc = k.to(accumulation_dtype(k.dtype))
             z = k_acc.cumsum(2) if z0 is None else z0.unsqueeze(2) + k_acc.cumsum(2)
 
         if self.update_rule == "sum":
@@ -213,7 +210,7 @@ class FastWeightAttention(nn.Module):
         if key_padding_mask is not None:
             k = k * (~key_padding_mask).unsqueeze(1).unsqueeze(-1).to(k.dtype)
         W = torch.einsum("bhte,bhtd->bhed", v, k)
-        z = k.to(_accumulation_dtype(k)).sum(2) if self.attention_normalization else None
+        z = k.to(accumulation_dtype(k.dtype)).sum(2) if self.attention_normalization else None
         return W, z
 
     # -- incremental state (fairseq interface) -----------------------------------

@@ -2,61 +2,67 @@
 
 Both ops take already feature-mapped queries and keys and apply no
 normalisation: see SPEC.md and the paper's Eqs. 17/11 (sum) and 20/24/25
-(delta). Half-precision inputs are computed in float32 and the output is
-returned in the input dtype; the returned state stays in the accumulation
+(delta). Half-precision inputs are computed in float32 (the CUDA kernels read
+them as they are and accumulate in float32) and the output is returned in the
+input dtype; the returned state stays in the accumulation
 dtype (float32, or float64 for float64 inputs) so that carried state does
 not lose precision from one segment to the next.
 """
 import torch
 
-from . import chunked, reference
+from . import chunked, cuda, reference
+from .errors import BackendUnavailableError
 from .validation import check_inputs
 
 BACKENDS = ("auto", "reference", "chunked", "cuda")
 
-
-class BackendUnavailableError(RuntimeError):
-    """A backend was requested that cannot run in this installation."""
-
-
+# (sum rule, delta rule) of each backend. reference and chunked compute in
+# the accumulation dtype; cuda reads half types itself.
 _IMPLEMENTATIONS = {
     "reference": (reference.fast_weight_sum_reference, reference.fast_weight_delta_reference),
     "chunked": (chunked.fast_weight_sum_chunked, chunked.fast_weight_delta_chunked),
+    "cuda": (cuda.fast_weight_sum_kernel, cuda.fast_weight_delta_kernel),
 }
 
 
-def resolve_backend(backend, device):
-    """Map a backend name (possibly "auto") to an implemented one."""
+def resolve_backend(backend, q):
+    """Map a backend name (possibly "auto") to the one that runs on q."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "cuda":
-        raise BackendUnavailableError(
-            "backend 'cuda' is not available: the csrc/ CUDA kernels are not part of this "
-            "build of fairseq-fwp yet; use backend='chunked' (works on CPU and CUDA tensors)"
-        )
+        if not q.is_cuda:
+            raise BackendUnavailableError(
+                f"backend 'cuda' runs on CUDA tensors, but q is on {q.device}; "
+                "use backend='chunked' (or 'auto') on the CPU")
+        cuda.load_extension()  # raises, saying what is missing
+        return backend
     if backend == "auto":
-        # The chunkwise form is the fastest path we have on every device; the
-        # reference loop is for testing only.
-        return "chunked"
+        # On GPUs the kernels (one launch per pass, no per-chunk Python loop);
+        # elsewhere, or where they cannot run, the chunkwise form.
+        return "cuda" if cuda.kernels_usable(q) else "chunked"
     return backend
 
 
-def _accumulation_dtype(dtype):
+def accumulation_dtype(dtype):
+    """float64 stays float64; everything else accumulates in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _run(rule_index, q, k, v, beta, state, backend):
     B, H, T, D, Dv = check_inputs(q, k, v, beta, state)
-    name = resolve_backend(backend, q.device)
-    acc = _accumulation_dtype(q.dtype)
+    name = resolve_backend(backend, q)
+    acc = accumulation_dtype(q.dtype)
     if state is None:
         state = q.new_zeros(B, H, Dv, D, dtype=acc)
     else:
         state = state.to(acc)
     if T == 0:
         return q.new_zeros(B, H, 0, Dv), state
-    tensors = [x.to(acc) for x in (q, k, v) + (() if beta is None else (beta,))]
-    out, W = _IMPLEMENTATIONS[name][rule_index](*tensors, state)
+    betas = () if beta is None else (beta,)
+    if name == "cuda":
+        out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state)
+    else:
+        out, W = _IMPLEMENTATIONS[name][rule_index](*[x.to(acc) for x in (q, k, v) + betas], state)
     return out.to(q.dtype), W
 
 
@@ -75,7 +81,8 @@ def fast_weight_sum(q, k, v, state=None, *, backend="auto"):
         and the initial state.
 
     Activation memory kept for backward: ``reference`` one ``Dv x D`` state per
-    step (testing only); ``chunked`` only the inputs.
+    step (testing only); ``chunked`` only the inputs; ``cuda`` the inputs and
+    one ``Dv x D`` state per 16 steps.
     """
     return _run(0, q, k, v, None, state, backend)
 
@@ -102,6 +109,8 @@ def fast_weight_delta(q, k, v, beta, state=None, *, backend="auto"):
     Activation memory kept for backward: ``reference`` one ``Dv x D`` state per
     step (testing only); ``chunked`` the inputs, one ``D x Dv`` state per chunk
     of C tokens (C = 32 for D <= 32, else 64), two ``C x C`` matrices per
-    chunk, and two tensors the size of k and v (the WY factors).
+    chunk, and two tensors the size of k and v (the WY factors); ``cuda`` the
+    inputs, one ``Dv x D`` state per 16 steps and the pseudo-values
+    ``beta_t (v_t - vbar_t)`` (the size of v).
     """
     return _run(1, q, k, v, beta, state, backend)

@@ -1,0 +1,176 @@
+// torch glue of the fast-weight kernels: checks, buffers, dispatch to the CUDA
+// launchers (fast_weight_cuda.cu, when built with FWP_WITH_CUDA) or to the CPU
+// twin (fast_weight_twin.h). Autograd lives in fairseq_fwp/ops/cuda.py.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "fast_weight.h"
+#include "fast_weight_twin.h"
+
+#ifdef FWP_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "fast_weight_cuda.h"
+#endif
+
+namespace {
+
+at::ScalarType accumulation_type(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+void check_tensor(const at::Tensor& x, const char* name, const at::Tensor& q, at::ScalarType dtype) {
+  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(x.device() == q.device(), name, " is on ", x.device(), ", but q is on ", q.device());
+  TORCH_CHECK(x.scalar_type() == dtype, name, " has dtype ", x.scalar_type(), ", expected ", dtype);
+}
+
+fwp::Problem make_problem(const at::Tensor& q, const at::Tensor& v, int64_t chunk, int64_t rows, bool delta) {
+  TORCH_CHECK(q.dim() == 4 && v.dim() == 4, "q and v must be [B, H, T, D] and [B, H, T, Dv]");
+  TORCH_CHECK(chunk >= 1 && rows >= 1, "chunk and rows must be >= 1");
+  fwp::Problem p;
+  p.BH = q.size(0) * q.size(1);
+  p.T = q.size(2);
+  p.D = q.size(3);
+  p.Dv = v.size(3);
+  p.chunk = chunk;
+  p.rows = rows;
+  p.delta = delta;
+  return p;
+}
+
+#ifdef FWP_WITH_CUDA
+fwp::Dtype kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return fwp::Dtype::kFloat32;
+    case at::kDouble: return fwp::Dtype::kFloat64;
+    case at::kHalf: return fwp::Dtype::kFloat16;
+    case at::kBFloat16: return fwp::Dtype::kBFloat16;
+    default: TORCH_CHECK(false, "unsupported dtype ", t);
+  }
+}
+
+void check_cuda(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "fast-weight ", what, " kernel failed: ", cudaGetErrorString(err));
+}
+#endif
+
+// Runs fn(bh, tile) for every tile of every (b, h), in parallel on CPU.
+template <typename Fn>
+void for_each_tile(const fwp::Problem& p, const Fn& fn) {
+  const int64_t tiles = fwp::num_tiles(p);
+  at::parallel_for(0, p.BH * tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i / tiles, i % tiles);
+  });
+}
+
+const void* data_or_null(const c10::optional<at::Tensor>& x) { return x ? x->data_ptr() : nullptr; }
+
+// Returns out, W_final, checkpoints, u (the last two undefined unless
+// save_for_backward; u only for the delta rule).
+std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const c10::optional<at::Tensor>& beta, const at::Tensor& W0, int64_t chunk,
+                                int64_t rows, bool save_for_backward) {
+  const bool delta = beta.has_value();
+  const fwp::Problem p = make_problem(q, v, chunk, rows, delta);
+  const at::ScalarType acc = accumulation_type(q);
+  for (auto [x, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_tensor(*x, name, q, q.scalar_type());
+  if (delta) check_tensor(*beta, "beta", q, q.scalar_type());
+  check_tensor(W0, "state", q, acc);
+  TORCH_CHECK(p.D <= fwp::kMaxFeatures || !q.is_cuda(), "the CUDA kernels take D <= ", fwp::kMaxFeatures,
+              ", got D = ", p.D);
+
+  at::Tensor out = at::empty_like(v);
+  at::Tensor W_final = at::empty_like(W0);
+  at::Tensor checkpoints, u;
+  if (save_for_backward) {
+    checkpoints = at::empty({q.size(0), q.size(1), fwp::num_chunks(p), p.Dv, p.D}, W0.options());
+    if (delta) u = at::empty({q.size(0), q.size(1), p.T, p.Dv}, W0.options());
+  }
+  const fwp::ForwardArgs args{q.data_ptr(), k.data_ptr(), v.data_ptr(), data_or_null(beta), W0.data_ptr(),
+                              out.data_ptr(), W_final.data_ptr(),
+                              checkpoints.defined() ? checkpoints.data_ptr() : nullptr,
+                              u.defined() ? u.data_ptr() : nullptr};
+  if (q.is_cuda()) {
+#ifdef FWP_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(q.device());
+    check_cuda(fwp::forward_cuda(kernel_dtype(q.scalar_type()), p, args, c10::cuda::getCurrentCUDAStream()),
+               "forward");
+#else
+    TORCH_CHECK(false, "this build of the fast-weight extension has no CUDA kernels");
+#endif
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fast_weight_forward_twin", [&] {
+      using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      for_each_tile(p, [&](int64_t bh, int64_t tile) { fwp::twin::forward_tile<scalar_t, acc_t>(p, args, bh, tile); });
+    });
+  }
+  return {out, W_final, checkpoints, u};
+}
+
+// Returns dq, dk, dv, dbeta (undefined for the sum rule), dW0.
+std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const c10::optional<at::Tensor>& beta, const at::Tensor& d_out,
+                                 const at::Tensor& dW_final, const at::Tensor& checkpoints,
+                                 const c10::optional<at::Tensor>& u, int64_t chunk, int64_t rows) {
+  const bool delta = beta.has_value();
+  const fwp::Problem p = make_problem(q, v, chunk, rows, delta);
+  const at::ScalarType acc = accumulation_type(q);
+  check_tensor(d_out, "d_out", q, q.scalar_type());
+  check_tensor(dW_final, "dW_final", q, acc);
+  check_tensor(checkpoints, "checkpoints", q, acc);
+  TORCH_CHECK(!delta || u.has_value(), "the delta rule's backward needs the saved pseudo-values u");
+
+  const int64_t tiles = fwp::num_tiles(p);
+  const auto acc_options = dW_final.options();
+  // Zeros: the CPU twin adds into the tile buffers (the GPU overwrites them).
+  at::Tensor dq_tiles = at::zeros({tiles, q.size(0), q.size(1), p.T, p.D}, acc_options);
+  at::Tensor dk_tiles = at::zeros_like(dq_tiles);
+  at::Tensor dbeta_tiles = delta ? at::zeros({tiles, q.size(0), q.size(1), p.T}, acc_options) : at::Tensor();
+  at::Tensor dv = at::empty({q.size(0), q.size(1), p.T, p.Dv}, acc_options);
+  at::Tensor dW0 = at::empty_like(dW_final);
+  const fwp::BackwardArgs args{q.data_ptr(), k.data_ptr(), v.data_ptr(), data_or_null(beta), d_out.data_ptr(),
+                               dW_final.data_ptr(), checkpoints.data_ptr(), data_or_null(u),
+                               dq_tiles.data_ptr(), dk_tiles.data_ptr(),
+                               dbeta_tiles.defined() ? dbeta_tiles.data_ptr() : nullptr, dv.data_ptr(),
+                               dW0.data_ptr()};
+  if (q.is_cuda()) {
+#ifdef FWP_WITH_CUDA
+    const c10::cuda::CUDAGuard guard(q.device());
+    check_cuda(fwp::backward_cuda(kernel_dtype(q.scalar_type()), p, args, c10::cuda::getCurrentCUDAStream()),
+               "backward");
+#else
+    TORCH_CHECK(false, "this build of the fast-weight extension has no CUDA kernels");
+#endif
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fast_weight_backward_twin", [&] {
+      using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      for_each_tile(p, [&](int64_t bh, int64_t tile) { fwp::twin::backward_tile<scalar_t, acc_t>(p, args, bh, tile); });
+    });
+  }
+  // Sum the tiles' partial gradients (a fixed-order reduction, deterministic).
+  const auto input_type = q.scalar_type();
+  return {dq_tiles.sum(0).to(input_type), dk_tiles.sum(0).to(input_type), dv.to(input_type),
+          delta ? dbeta_tiles.sum(0).to(input_type) : at::Tensor(), dW0};
+}
+
+bool has_cuda_kernels() {
+#ifdef FWP_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fairseq-fwp fast-weight kernels (CUDA) and their CPU twin";
+  m.def("forward", &forward, "fast-weight forward (sum rule if beta is None, else delta rule)");
+  m.def("backward", &backward, "fast-weight backward");
+  m.def("has_cuda_kernels", &has_cuda_kernels, "whether this build has the CUDA kernels");
+  m.attr("max_features") = fwp::kMaxFeatures;
+}

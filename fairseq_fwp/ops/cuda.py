@@ -1,0 +1,147 @@
+"""backend="cuda": the csrc/ kernels, how they are loaded, and their autograd.
+
+The extension is the prebuilt ``fairseq_fwp._C`` (setup.py builds it where a
+CUDA toolchain and a CUDA build of torch are present), or else a JIT build of
+``csrc/`` with ``torch.utils.cpp_extension.load`` on first use. When neither
+works, ``load_extension`` raises ``BackendUnavailableError`` saying what is
+missing.
+
+The same extension carries the kernels' CPU twin (``csrc/fast_weight_twin.h``):
+``fast_weight_sum_kernel`` / ``fast_weight_delta_kernel`` on CPU tensors run
+it, which is how the kernels' algorithm is tested on machines without a GPU.
+The public ops only send CUDA tensors here.
+
+Activation memory kept for backward (per batch row and head): the inputs, one
+``Dv x D`` state per ``CHUNK`` steps (``ceil(T / CHUNK)`` of them) and, for
+the delta rule, the pseudo-values ``u_t = beta_t (v_t - vbar_t)`` (the size
+of v). No per-step fast weight: the backward rebuilds ``W_{t-1}`` from the
+chunk's checkpoint.
+"""
+import os
+import warnings
+
+import torch
+
+from .errors import BackendUnavailableError
+
+CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
+CHUNK = 16  # steps between checkpoints: the backward replays up to CHUNK - 1 writes per step
+MAX_FEATURES = 512  # csrc/fast_weight.h kMaxFeatures: registers per lane grow with D
+
+_extension = None
+
+
+def _rows_per_tile(D, Dv):
+    """Rows of W per thread block (one warp each): fewer for large D, whose
+    backward keeps two D-sized row buffers per warp in shared memory."""
+    return max(1, min(Dv, 8 if D <= 128 else 4))
+
+
+def _ensure_ninja_on_path():
+    """cpp_extension runs `ninja` from PATH; a venv's ninja is not there unless activated."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _jit_build():
+    from torch.utils import cpp_extension
+
+    if not os.path.isfile(os.path.join(CSRC_DIR, "fast_weight.cpp")):
+        raise BackendUnavailableError(
+            f"the fast-weight extension is not prebuilt and its sources are not at {CSRC_DIR}: "
+            "install fairseq-fwp from a source checkout (pip install -e .)")
+    with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    sources = [os.path.join(CSRC_DIR, "fast_weight.cpp")]
+    flags = ["-O3", "-std=c++17"]
+    if with_cuda:
+        sources.append(os.path.join(CSRC_DIR, "fast_weight_cuda.cu"))
+        flags.append("-DFWP_WITH_CUDA")
+    _ensure_ninja_on_path()
+    return cpp_extension.load(
+        name="fairseq_fwp_kernels_cuda" if with_cuda else "fairseq_fwp_kernels_cpu",
+        sources=sources, extra_cflags=flags, extra_cuda_cflags=["-O3", "-std=c++17"],
+        with_cuda=with_cuda, verbose=False)
+
+
+def load_extension():
+    """The compiled extension (prebuilt, else JIT-built once per process)."""
+    global _extension
+    if _extension is None:
+        try:
+            from .. import _C as extension  # built by setup.py
+        except ImportError:
+            try:
+                extension = _jit_build()
+            except BackendUnavailableError:
+                raise
+            except Exception as err:  # compiler, ninja or CUDA toolchain missing or failing
+                lines = str(err).strip().splitlines()
+                raise BackendUnavailableError(
+                    "backend 'cuda' is not available: the fast-weight extension is not prebuilt and its JIT "
+                    f"build failed ({type(err).__name__}: {lines[-1] if lines else ''}). It needs a C++ "
+                    "compiler and ninja (pip install ninja), and for GPUs nvcc and a CUDA build of torch; "
+                    "backend='chunked' works everywhere meanwhile.") from err
+        _extension = extension
+    return _extension
+
+
+def kernels_usable(q):
+    """Whether backend="cuda" can run on q: a CUDA tensor, D <= 512, an extension with CUDA kernels.
+
+    A failed build is reported once as a warning, and the caller falls back.
+    """
+    if not q.is_cuda or q.shape[-1] > MAX_FEATURES:
+        return False
+    try:
+        return load_extension().has_cuda_kernels()
+    except BackendUnavailableError as err:
+        warnings.warn(f"{err} Falling back to backend='chunked'.", stacklevel=3)
+        return False
+
+
+class _FastWeightKernel(torch.autograd.Function):
+    """Both rules; beta is None for the sum rule."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, state, chunk, rows):
+        extension = load_extension()
+        save = any(ctx.needs_input_grad[:5])
+        out, W, checkpoints, u = extension.forward(q, k, v, beta, state, chunk, rows, save)
+        if save:
+            ctx.save_for_backward(q, k, v, beta, checkpoints, u)
+        ctx.chunk, ctx.rows = chunk, rows
+        return out, W
+
+    @staticmethod
+    def backward(ctx, d_out, dW):
+        q, k, v, beta, checkpoints, u = ctx.saved_tensors  # unused outputs get zero gradients
+        dq, dk, dv, dbeta, dstate = load_extension().backward(
+            q, k, v, beta, d_out.contiguous(), dW.contiguous(), checkpoints, u, ctx.chunk, ctx.rows)
+        return dq, dk, dv, dbeta, dstate, None, None
+
+
+def _apply(q, k, v, beta, state, chunk):
+    D, Dv = q.shape[-1], v.shape[-1]
+    if q.is_cuda and D > MAX_FEATURES:
+        raise ValueError(f"q has feature size D = {D}; the CUDA kernels take D <= {MAX_FEATURES}")
+    tensors = [x.contiguous() for x in (q, k, v)]
+    beta = None if beta is None else beta.contiguous()
+    return _FastWeightKernel.apply(*tensors, beta, state.contiguous(), chunk or CHUNK, _rows_per_tile(D, Dv))
+
+
+def fast_weight_sum_kernel(q, k, v, state, chunk=None):
+    """Sum rule through the kernels (CUDA tensors) or their CPU twin (CPU tensors).
+
+    q, k, v keep their dtype (float32/64, float16, bfloat16); ``state`` is in
+    the accumulation dtype. Returns (out in the input dtype, final state).
+    """
+    return _apply(q, k, v, None, state, chunk)
+
+
+def fast_weight_delta_kernel(q, k, v, beta, state, chunk=None):
+    """Delta rule through the kernels or their CPU twin; see fast_weight_sum_kernel."""
+    return _apply(q, k, v, beta, state, chunk)

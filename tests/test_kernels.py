@@ -1,0 +1,181 @@
+"""The csrc/ kernels against the reference: their CPU twin always, the CUDA kernels on a GPU.
+
+The twin (csrc/fast_weight_twin.h) runs the kernels' algorithm (row tiles,
+checkpoints every CHUNK steps, the backward's replay of W_{t-1}, per-tile
+partial gradients) through the same extension and autograd Function as the
+GPU path; tests marked `gpu` run the CUDA kernels themselves and skip
+without CUDA.
+"""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
+from fairseq_fwp.ops import cuda as kernels
+from op_inputs import make_inputs, outputs_and_grads, run_op
+from test_ops import assert_all_close
+
+RULES = ["sum", "delta"]
+C = kernels.CHUNK
+# (B, H, T, D, Dv): T = 1, T < CHUNK, T = CHUNK, T not a multiple of CHUNK,
+# several tiles of rows with a ragged last one (Dv = 13 > 8 rows), D not a
+# multiple of 32, D = 512 (the kernels' maximum), B*H = 1.
+SHAPES = [
+    (2, 3, 1, 4, 4),
+    (1, 1, 7, 5, 3),
+    (2, 2, C, 8, 8),
+    (1, 2, 3 * C + 5, 40, 13),
+    (2, 1, 2 * C - 1, 130, 6),
+    (1, 1, C + 3, 512, 9),
+]
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension():
+    """Build (or load) the extension once; its JIT build takes about a minute."""
+    return kernels.load_extension()
+
+
+def kernel_outputs_and_grads(rule, inputs, chunk=None):
+    """As outputs_and_grads, through the kernels' autograd Function (the twin on CPU)."""
+    def op(q, k, v, beta, W0):
+        if rule == "sum":
+            return kernels.fast_weight_sum_kernel(q, k, v, W0, chunk=chunk)
+        return kernels.fast_weight_delta_kernel(q, k, v, beta, W0, chunk=chunk)
+    return outputs_and_grads(rule, inputs, op)
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_twin_matches_reference_float64(rule, shape, with_state):
+    inputs = make_inputs(*shape, with_state=with_state)
+    if not with_state:  # the op layer fills in zeros; the kernels always take a state
+        inputs[4] = torch.zeros(shape[0], shape[1], shape[4], shape[3], dtype=torch.float64, requires_grad=True)
+    want = outputs_and_grads(rule, inputs, "reference")
+    got = kernel_outputs_and_grads(rule, inputs)
+    assert_all_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_twin_matches_reference_float32(rule):
+    inputs = make_inputs(2, 2, 2 * C + 3, 48, 20, dtype=torch.float32)
+    assert_all_close(kernel_outputs_and_grads(rule, inputs), outputs_and_grads(rule, inputs, "reference"),
+                     rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_twin_gradcheck_across_checkpoints(rule, chunk):
+    q, k, v, beta, W0 = make_inputs(1, 2, 11, 3, 5)
+
+    def fn(q, k, v, beta, W0):
+        if rule == "sum":
+            return kernels.fast_weight_sum_kernel(q, k, v, W0, chunk=chunk)
+        return kernels.fast_weight_delta_kernel(q, k, v, beta, W0, chunk=chunk)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, beta, W0))
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_twin_reads_half_inputs_and_accumulates_in_float32(rule, dtype):
+    half = [x.detach().to(dtype).requires_grad_() for x in make_inputs(1, 2, C + 9, 8, 8)]
+    W0 = half[4].detach().float().requires_grad_()
+    want_out, want_W = run_op(rule, [x.detach().float() for x in half[:4]] + [W0.detach()], "reference")
+    got = kernel_outputs_and_grads(rule, half[:4] + [W0])
+    assert got[0].dtype == dtype and got[1].dtype == torch.float32
+    torch.testing.assert_close(got[0].float(), want_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got[1], want_W, rtol=1e-4, atol=1e-4)
+    assert all(torch.isfinite(g.float()).all() for g in got[2:])
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_twin_is_deterministic(rule):
+    inputs = make_inputs(2, 2, 3 * C + 1, 24, 17, dtype=torch.float32)
+    first = kernel_outputs_and_grads(rule, inputs)
+    second = kernel_outputs_and_grads(rule, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_twin_without_grad_saves_nothing_and_matches():
+    q, k, v, beta, W0 = (x.detach() if x is not None else None for x in make_inputs(1, 1, 9, 4, 4))
+    with torch.no_grad():
+        out, W = kernels.fast_weight_delta_kernel(q, k, v, beta, W0)
+    want_out, want_W = fast_weight_delta(q, k, v, beta, W0, backend="reference")
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(W, want_W)
+
+
+def test_cuda_backend_refuses_cpu_tensors_with_a_clear_message():
+    from fairseq_fwp.ops import BackendUnavailableError
+
+    q, k, v, beta, _ = make_inputs(1, 1, 3, 2, 2)
+    with pytest.raises(BackendUnavailableError, match="CUDA tensors.*chunked"):
+        fast_weight_sum(q, k, v, backend="cuda")
+
+
+NVCC = shutil.which("nvcc")
+CU_FILES = sorted((Path(kernels.CSRC_DIR)).glob("*.cu"))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("source", CU_FILES, ids=lambda p: p.name)
+def test_cuda_sources_compile(tmp_path, source, arch):
+    """Every .cu compiles with CUDA headers only (no torch): a GPU-less compile check."""
+    cmd = [NVCC, "-std=c++17", "-O3", "-c", str(source), "-o", str(tmp_path / "out.o"),
+           "-gencode", f"arch=compute_{arch[3:]},code={arch}", "-Werror", "all-warnings"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+# -- on a GPU: the CUDA kernels themselves -----------------------------------------
+
+
+def to_cuda(inputs, dtype=None):
+    return [None if x is None else x.detach().to("cuda", dtype or x.dtype).requires_grad_() for x in inputs]
+
+
+@GPU
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gpu_kernels_match_reference_float32(rule, shape):
+    inputs = to_cuda(make_inputs(*shape, dtype=torch.float32))
+    want = outputs_and_grads(rule, inputs, "reference")
+    got = outputs_and_grads(rule, inputs, "cuda")
+    assert_all_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@GPU
+@pytest.mark.parametrize("rule", RULES)
+def test_gpu_kernels_match_reference_float64(rule):
+    inputs = to_cuda(make_inputs(2, 2, 3 * C + 5, 40, 13))
+    assert_all_close(outputs_and_grads(rule, inputs, "cuda"), outputs_and_grads(rule, inputs, "reference"),
+                     rtol=1e-10, atol=1e-10)
+
+
+@GPU
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_kernels_half_types(rule, dtype):
+    inputs = to_cuda(make_inputs(2, 4, 4 * C + 7, 64, 64, dtype=torch.float32), dtype)
+    inputs[4] = inputs[4].detach().float().requires_grad_()
+    reference_inputs = [x.detach().float().requires_grad_() for x in inputs]
+    got = outputs_and_grads(rule, inputs, "cuda")
+    want = outputs_and_grads(rule, reference_inputs, "reference")
+    assert got[0].dtype == dtype
+    assert_all_close([g.float() for g in got], want, rtol=2e-2, atol=2e-2)
+
+
+@GPU
+@pytest.mark.parametrize("rule", RULES)
+def test_gpu_kernels_are_deterministic_and_auto_uses_them(rule):
+    inputs = to_cuda(make_inputs(2, 2, 5 * C + 3, 512, 33, dtype=torch.float32))
+    first = outputs_and_grads(rule, inputs, "cuda")
+    second = outputs_and_grads(rule, inputs, "auto")
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
