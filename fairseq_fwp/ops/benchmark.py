@@ -1,10 +1,13 @@
 """Speed and memory of the fast-weight ops against causal softmax attention.
 
-    python -m fairseq_fwp.ops.benchmark            # full table (a few minutes on 2 cores)
-    python -m fairseq_fwp.ops.benchmark --quick    # T = 256 only
+    python -m fairseq_fwp.ops.benchmark                 # CPU, float32 (a few minutes on 2 cores)
+    python -m fairseq_fwp.ops.benchmark --quick         # CPU, T = 256 only
+    python -m fairseq_fwp.ops.benchmark --device cuda   # GPU, bfloat16: cuda kernels vs chunked vs
+                                                        # flash SDPA (and fla's chunk_delta_rule if installed)
 
-Every case runs in a fresh subprocess so that its peak memory (the growth of
-the process's maximum resident set over the inputs) is its own. Times are
+On the CPU every case runs in a fresh subprocess so that its peak memory (the
+growth of the process's maximum resident set over the inputs) is its own; on
+the GPU peak memory is torch's peak allocation during the case. Times are
 medians of several forward+backward passes; the ratios printed at the end are
 between cases of this one run.
 
@@ -32,33 +35,50 @@ from . import fast_weight_delta, fast_weight_sum
 METHODS = ("reference-sum", "reference-delta", "chunked-sum", "chunked-delta", "softmax-sdpa")
 CONFIGS = {"B2-H4-D64": (2, 4, 64), "B1-H8-D64": (1, 8, 64)}
 REFERENCE_MAX_T = 1024
+# Issue #4's GPU table: B = 8, H = 8, D = 64 and 256, bfloat16.
+GPU_METHODS = ("cuda-sum", "cuda-delta", "chunked-sum", "chunked-delta", "softmax-sdpa", "fla-delta")
+GPU_CONFIGS = {"B8-H8-D64": (8, 8, 64), "B8-H8-D256": (8, 8, 256)}
+GPU_LENGTHS = (512, 2048, 8192)
 
 
-def _inputs(B, H, T, D):
+def _inputs(B, H, T, D, device="cpu", dtype=torch.float32):
     g = torch.Generator().manual_seed(0)
     # Sum-normalised positive features, as the layers feed the ops.
     q = F.softmax(torch.randn(B, H, T, D, generator=g), -1)
     k = F.softmax(torch.randn(B, H, T, D, generator=g), -1)
     v = torch.randn(B, H, T, D, generator=g)
     beta = torch.sigmoid(torch.randn(B, H, T, generator=g))
-    return [x.requires_grad_() for x in (q, k, v, beta)]
+    return [x.to(device, dtype).requires_grad_() for x in (q, k, v, beta)]
+
+
+def _fla_chunk_delta_rule():
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule
+    except ImportError:
+        return None
+    return chunk_delta_rule
 
 
 def _forward(method, q, k, v, beta):
     if method == "softmax-sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if method == "fla-delta":  # fla takes [B, T, H, D]; its keys are already normalised here
+        t = lambda x: x.transpose(1, 2)  # noqa: E731
+        return _fla_chunk_delta_rule()(t(q), t(k), t(v), beta.transpose(1, 2))[0]
     backend, rule = method.split("-")
     if rule == "sum":
         return fast_weight_sum(q, k, v, backend=backend)[0]
     return fast_weight_delta(q, k, v, beta, backend=backend)[0]
 
 
-def _median_time(fn, reps):
+def _median_time(fn, reps, synchronize=lambda: None):
     fn()  # warm-up
+    synchronize()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
+        synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -84,6 +104,57 @@ def run_case(method, B, H, T, D):
     return result
 
 
+def run_gpu_case(method, B, H, T, D):
+    """Time one method on the GPU in bfloat16; peak memory is torch's peak allocation."""
+    inputs = _inputs(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+
+    def fwd_bwd():
+        for x in inputs:
+            x.grad = None
+        _forward(method, *inputs).float().sum().backward()
+
+    def fwd():
+        with torch.no_grad():
+            _forward(method, *inputs)
+
+    result = {}
+    for name, fn in (("fwd_s", fwd), ("fwd_bwd_s", fwd_bwd)):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        result[name] = _median_time(fn, 10, torch.cuda.synchronize)
+        result["peak_mb" if name == "fwd_bwd_s" else "fwd_peak_mb"] = (
+            (torch.cuda.max_memory_allocated() - base) / 2**20)
+    return result
+
+
+def gpu_main(lengths):
+    print(f"# fast-weight ops benchmark, bfloat16, {torch.cuda.get_device_name()}: "
+          f"{machine_description(torch.get_num_threads())}")
+    print("| config | T | method | fwd (ms) | fwd+bwd (ms) | fwd peak (MB) | fwd+bwd peak (MB) |")
+    print("|---|---|---|---|---|---|---|")
+    methods = [m for m in GPU_METHODS if m != "fla-delta" or _fla_chunk_delta_rule() is not None]
+    results = {}
+    for name, (B, H, D) in GPU_CONFIGS.items():
+        for T in lengths:
+            for method in methods:
+                try:
+                    r = run_gpu_case(method, B, H, T, D)
+                except Exception as err:  # e.g. out of memory, or a D or signature fla does not take
+                    print(f"| {name} | {T} | {method} | failed: {str(err).splitlines()[0][:80]} | | | |")
+                    torch.cuda.empty_cache()
+                    continue
+                results[name, T, method] = r
+                print(f"| {name} | {T} | {method} | {1e3 * r['fwd_s']:.2f} | {1e3 * r['fwd_bwd_s']:.2f} | "
+                      f"{r['fwd_peak_mb']:.0f} | {r['peak_mb']:.0f} |", flush=True)
+    print("\nRatios of fwd+bwd time (higher = first method faster), same run:")
+    for (name, T, method), r in results.items():
+        if method == "cuda-delta":
+            for base in ("chunked-delta", "softmax-sdpa", "fla-delta"):
+                if (name, T, base) in results:
+                    ratio = results[name, T, base]["fwd_bwd_s"] / r["fwd_bwd_s"]
+                    print(f"  {name} T={T}: cuda-delta vs {base}: {ratio:.2f}x")
+
+
 KEEP_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
 
 
@@ -103,15 +174,21 @@ def machine_description(threads):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="only T = 256")
+    parser.add_argument("--quick", action="store_true", help="only the shortest T (256 on CPU, 512 on GPU)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--malloc-keep-memory", action="store_true",
                         help="run every case with glibc's mmap/trim thresholds raised (see above)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.case:
         print(json.dumps(run_case(*json.loads(args.case))))
+        return
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA device is visible to torch")
+        gpu_main(GPU_LENGTHS[:1] if args.quick else GPU_LENGTHS)
         return
 
     lengths = [256] if args.quick else [256, 1024, 4096]
