@@ -30,6 +30,17 @@ def build_translation_model(*flags, seed=0):
     return model.eval(), d
 
 
+def build_lm_model(*flags, seed=0):
+    from fairseq_fwp.models.fwp_transformer_lm import FastWeightTransformerLanguageModel
+
+    args = parse_args("language_modeling", "fwp_lm_tiny", "--dropout", "0", *flags)
+    d = toy_dictionary()
+    torch.manual_seed(seed)
+    model = FastWeightTransformerLanguageModel.build_model(
+        args, types.SimpleNamespace(source_dictionary=d, target_dictionary=d))
+    return model.eval(), d
+
+
 def random_tokens(d, lengths, seed=0, left_pad=True):
     """[B, max_len] tokens of the given lengths, padded left (sources) or right."""
     g = torch.Generator().manual_seed(seed)

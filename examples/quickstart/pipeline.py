@@ -52,11 +52,15 @@ def train_translation(data, save_dir, *flags, max_update=6, lr=0.002, warmup=50)
                    "--save-dir", save_dir, *flags)
 
 
-def train_lm(data, save_dir, *flags, max_update=6, tokens_per_sample=64):
-    return fairseq("train", data, *COMMON_TRAIN, "--task", "language_modeling", "--arch", "fwp_lm_tiny",
-                   "--tokens-per-sample", tokens_per_sample, "--sample-break-mode", "none", "--lr", 0.002,
-                   "--warmup-updates", 20, "--max-tokens", 1024, "--max-update", max_update,
-                   "--save-dir", save_dir, *flags)
+# Batching flags of each LM task: blocks of tokens, or parallel streams (fwp_stream_lm).
+LM_BATCHING = {"language_modeling": ["--sample-break-mode", "none", "--max-tokens", 1024],
+               "fwp_stream_lm": ["--batch-size", 4]}
+
+
+def train_lm(data, save_dir, *flags, max_update=6, tokens_per_sample=64, task="language_modeling"):
+    return fairseq("train", data, *COMMON_TRAIN, "--task", task, *LM_BATCHING[task], "--arch", "fwp_lm_tiny",
+                   "--tokens-per-sample", tokens_per_sample, "--lr", 0.002, "--warmup-updates", 20,
+                   "--max-update", max_update, "--save-dir", save_dir, *flags)
 
 
 def generate(data, checkpoint, *flags):
@@ -65,9 +69,9 @@ def generate(data, checkpoint, *flags):
                    "--beam", 4, "--batch-size", 16, "--scoring", "sacrebleu", *flags)
 
 
-def eval_lm(data, checkpoint, *flags, tokens_per_sample=64):
+def eval_lm(data, checkpoint, *flags, tokens_per_sample=64, batch_size=4):
     return fairseq("eval-lm", data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test",
-                   "--tokens-per-sample", tokens_per_sample, "--batch-size", 4, *flags)
+                   "--tokens-per-sample", tokens_per_sample, "--batch-size", batch_size, *flags)
 
 
 def bleu(output):

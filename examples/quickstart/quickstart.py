@@ -57,7 +57,8 @@ def main(argv=None):
     for feature_map, rule, extra in LM_ROWS:
         save = os.path.join(args.out, f"lm-{feature_map}-{rule}")
         log = train_lm(lm_bin, save, *row_flags(feature_map, rule, extra), max_update=args.lm_updates)
-        ppl = perplexity(eval_lm(lm_bin, os.path.join(save, "checkpoint_last.pt"), "--context-window", 32))
+        # the paper's protocol: windows of the training length, stride 1 (tests/test_sliding_window.py)
+        ppl = perplexity(eval_lm(lm_bin, os.path.join(save, "checkpoint_last.pt"), "--context-window", 63))
         results.append(("language model", feature_map, rule, f"ppl {ppl:.2f}", train_words_per_second(log)))
         print(f"[{time.time() - start:5.0f}s] language model {feature_map}/{rule}: ppl {ppl:.2f}", flush=True)
 

@@ -72,6 +72,8 @@ class FastWeightAttention(nn.Module):
         self.output_scaling = output_scaling
         self.backend = backend
         self.eps = eps
+        self.carry_over = False  # see enable_carry_over
+        self._carried = {}
 
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(kdim or embed_dim, embed_dim)
@@ -145,7 +147,10 @@ class FastWeightAttention(nn.Module):
         write = None if key_padding_mask is None else ~key_padding_mask.unsqueeze(1)  # [B, 1, T]
         if write is not None:
             k = k * write.unsqueeze(-1).to(k.dtype)
-        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else {}
+        if incremental_state is not None:
+            saved = self._get_input_buffer(incremental_state)
+        else:
+            saved = self._carried_state(x.shape[1])
         W0, z0 = saved.get("fast_weight"), saved.get("key_sum")
         z = None
         if self.attention_normalization:
@@ -170,7 +175,36 @@ class FastWeightAttention(nn.Module):
             if z is not None:
                 saved["key_sum"] = z[:, :, -1]
             self._set_input_buffer(incremental_state, saved)
+        elif self.carry_over:
+            # Truncated backpropagation: the next segment starts from these values.
+            self._carried[self.training] = {"fast_weight": W.detach(),
+                                            "key_sum": None if z is None else z[:, :, -1].detach()}
         return self._finish(out)
+
+    # -- carry-over across segments (paper Table 4) ------------------------------
+
+    def enable_carry_over(self):
+        """Start every causal forward from the final state of the previous one.
+
+        Training and evaluation keep separate states (a validation pass in the
+        middle of an epoch must not disturb the training streams); incremental
+        decoding ignores them.
+        """
+        self.carry_over = True
+        self._carried = {}
+
+    def reset_carried_state(self, training):
+        """Forget the state of the training (True) or evaluation (False) streams."""
+        self._carried.pop(training, None)
+
+    def _carried_state(self, batch_size):
+        state = self._carried.get(self.training, {}) if self.carry_over else {}
+        W = state.get("fast_weight")
+        if W is not None and W.shape[0] != batch_size:
+            raise RuntimeError(
+                f"the carried fast weight holds {W.shape[0]} streams, but this segment has {batch_size} rows: "
+                "every batch of a carry-over task must keep the same streams in the same rows")
+        return state
 
     def _delta_attention_normalization(self, k, beta, z):
         """Eqs. 26-28: normalise the retrieval vbar_t by d_t = z_{t-1} . phi(k_t).

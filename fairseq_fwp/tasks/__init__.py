@@ -1,0 +1,2 @@
+"""Registers the plugin's fairseq tasks (decorators run on import)."""
+from . import stream_lm  # noqa: F401

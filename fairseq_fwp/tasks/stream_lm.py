@@ -1,0 +1,178 @@
+"""Task `fwp_stream_lm`: language modelling over continuous streams, with the
+fast weights carried from one segment to the next (paper Sec. 6.3, Table 4).
+
+The split's tokens (every line ends with </s>) are one text. It is cut into
+as many streams as the batch has rows (`--batch-size`; `--batch-size-valid`
+for validation, `fairseq-eval-lm --batch-size 1` for one stream through the
+whole split), and batch i holds segment i of every stream: row r of batch
+i + 1 continues row r of batch i. With `--fwp-carry-over on` every causal
+fast-weight layer starts a segment from the state (W, and z where used) that
+ended the previous segment of the same stream, detached (truncated
+backpropagation). The state is reset at the start of every epoch and of every
+validation pass; `fairseq-eval-lm` starts from a fresh model.
+
+Every token of a split is a target exactly once: stream inputs are the tokens
+shifted right behind one </s>, so the first token of a stream is predicted
+from </s> as in `language_modeling`, and no token is skipped at segment
+borders (fairseq's example truncated_bptt_lm task scores neither the first
+token of a segment nor is exact about ntokens).
+
+Position embeddings, if on, restart at every segment, in training and
+evaluation alike; the fwp_lm_* archs have none.
+"""
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+from fairseq import utils
+from fairseq.data import Dictionary, FairseqDataset, data_utils, iterators
+from fairseq.data.indexed_dataset import MMapIndexedDataset
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II
+
+from ..modules.fast_weight_attention import FastWeightAttention
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StreamLanguageModelingConfig(FairseqDataclass):
+    data: Optional[str] = field(default=None, metadata={"help": "path to data directory (fairseq-preprocess --only-source)"})
+    tokens_per_sample: int = field(default=256, metadata={"help": "segment length: tokens per stream per batch"})
+    fwp_carry_over: ChoiceEnum(["on", "off"]) = field(
+        default="on", metadata={"help": "carry each layer's fast weights into the next segment of the stream "
+                                         "(off: every segment starts from zero, the Table 4 baseline)"})
+    max_target_positions: Optional[int] = II("task.tokens_per_sample")
+    add_bos_token: bool = field(default=False, metadata={"help": "unused; read by the LM model config"})
+    batch_size: Optional[int] = II("dataset.batch_size")
+
+
+class TokenStream(FairseqDataset):
+    """A binarised split as one text: ``tokens`` is a 1-D LongTensor in file order."""
+
+    def __init__(self, path, dictionary):
+        dataset = data_utils.load_indexed_dataset(path, dictionary)
+        if dataset is None:
+            raise FileNotFoundError(f"dataset not found: {path}")
+        if isinstance(dataset, MMapIndexedDataset):  # the default: its .bin file is the token stream
+            self.tokens = torch.from_numpy(np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype)
+                                           .astype(np.int64))
+        else:
+            self.tokens = torch.cat([dataset[i] for i in range(len(dataset))] or [torch.zeros(0, dtype=torch.long)])
+
+    def __len__(self):
+        return len(self.tokens)
+
+
+class StreamSegments(FairseqDataset):
+    """Item i is batch i: segment i of each of this shard's streams.
+
+    The text is cut into num_streams * num_shards equal streams (the last
+    padded); shard s gets streams [s * num_streams, (s + 1) * num_streams).
+    """
+
+    def __init__(self, tokens, dictionary, num_streams, segment_length, shard_id=0, num_shards=1):
+        total = num_streams * num_shards
+        if len(tokens) < total:
+            raise ValueError(f"{len(tokens)} tokens cannot fill {total} streams: lower --batch-size")
+        self.pad, self.segment_length = dictionary.pad(), segment_length
+        stream_length = math.ceil(len(tokens) / total)
+        padded = torch.full((total * stream_length,), self.pad, dtype=torch.long)
+        padded[: len(tokens)] = tokens
+        streams = padded.view(total, stream_length)[shard_id * num_streams:(shard_id + 1) * num_streams]
+        self.targets = streams
+        self.inputs = torch.cat([torch.full((num_streams, 1), dictionary.eos()), streams[:, :-1]], dim=1)
+        self.num_streams = num_streams
+
+    def __len__(self):
+        return math.ceil(self.targets.shape[1] / self.segment_length)
+
+    def __getitem__(self, index):
+        return index
+
+    def collater(self, indices):
+        (index,) = indices  # the batch sampler yields one segment index per batch
+        window = slice(index * self.segment_length, (index + 1) * self.segment_length)
+        inputs, targets = self.inputs[:, window].contiguous(), self.targets[:, window].contiguous()
+        return {
+            "id": torch.arange(self.num_streams) + index * self.num_streams,
+            "net_input": {"src_tokens": inputs, "src_lengths": inputs.ne(self.pad).sum(1)},
+            "target": targets,
+            "nsentences": self.num_streams,
+            "ntokens": int(targets.ne(self.pad).sum()),
+        }
+
+
+@register_task("fwp_stream_lm", dataclass=StreamLanguageModelingConfig)
+class StreamLanguageModelingTask(FairseqTask):
+    def __init__(self, cfg, dictionary):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        paths = utils.split_paths(cfg.data)
+        dictionary = Dictionary.load(os.path.join(paths[0], "dict.txt"))
+        logger.info(f"dictionary: {len(dictionary)} types")
+        return cls(cfg, dictionary)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        self.datasets[split] = TokenStream(os.path.join(paths[(epoch - 1) % len(paths)], split), self.dictionary)
+        logger.info(f"{split}: {len(self.datasets[split])} tokens")
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        layers = [m for m in model.modules() if isinstance(m, FastWeightAttention) and m.causal]
+        if self.cfg.fwp_carry_over == "on":
+            if not layers:
+                logger.warning("--fwp-carry-over on: the model has no causal fast-weight layer; nothing is carried")
+            for layer in layers:
+                layer.enable_carry_over()
+        return model
+
+    def _reset(self, model, training):
+        for module in model.modules():
+            if isinstance(module, FastWeightAttention) and module.carry_over:
+                module.reset_carried_state(training)
+
+    def begin_epoch(self, epoch, model):
+        self._reset(model, training=True)
+
+    def begin_valid_epoch(self, epoch, model):
+        self._reset(model, training=False)
+
+    def get_batch_iterator(self, dataset, max_sentences=None, num_shards=1, shard_id=0, num_workers=0, epoch=1,
+                           data_buffer_size=0, **kwargs):
+        if not max_sentences:
+            raise ValueError("fwp_stream_lm needs --batch-size (and --batch-size-valid, or eval-lm's --batch-size): "
+                             "the number of parallel streams")
+        segments = StreamSegments(dataset.tokens, self.dictionary, max_sentences, self.cfg.tokens_per_sample,
+                                  shard_id, num_shards)
+        return iterators.EpochBatchIterator(
+            dataset=segments, collate_fn=segments.collater, batch_sampler=[[i] for i in range(len(segments))],
+            num_workers=num_workers, epoch=epoch, buffer_size=data_buffer_size,
+            disable_shuffling=True,  # the streams must be read in order
+        )
+
+    def eval_lm_dataloader(self, dataset, batch_size=None, num_shards=1, shard_id=0, num_workers=1,
+                           data_buffer_size=10, context_window=0, **kwargs):
+        if context_window > 0:
+            raise ValueError("fwp_stream_lm carries the state through the split instead of a context window; "
+                             "use --task language_modeling for --context-window")
+        return self.get_batch_iterator(dataset, max_sentences=batch_size or 1, num_shards=num_shards,
+                                       shard_id=shard_id, num_workers=num_workers,
+                                       data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary
