@@ -10,6 +10,6 @@ except ImportError:  # ops-only use: nothing to register
     fairseq = None
 
 if fairseq is not None:
-    from . import compat, models  # noqa: F401
+    from . import compat, models, tasks  # noqa: F401
 
     compat.apply()
