@@ -192,3 +192,22 @@ def test_bad_shapes_name_the_tensor(bad, name):
     args.update(bad)
     with pytest.raises(ValueError, match=rf"^{name} "):
         fast_weight_delta(args["q"], args["k"], args["v"], args["beta"], args["state"])
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("T", [5, 2 * C + 3])  # one chunk (the zero-state shortcuts) and several
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("used", ["out", "state"])
+def test_gradients_when_only_one_output_is_used(backend, rule, T, with_state, used):
+    """An unused output gets no gradient from autograd (None): the backward must not need it."""
+    inputs = make_inputs(2, 1, T, 6, 4, with_state=with_state)
+    wrt = [x for x in inputs if x is not None and (rule == "delta" or x is not inputs[3])]
+
+    def grads(name):
+        out, W = run_op(rule, inputs, name)
+        grads = torch.autograd.grad((out if used == "out" else W).pow(2).sum(), wrt, allow_unused=True)
+        return [torch.zeros_like(x) if g is None else g for x, g in zip(wrt, grads)]  # q cannot reach W
+
+    for got, want in zip(grads(backend), grads("reference")):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)

@@ -66,45 +66,75 @@ def _add_matmul_(acc, a, b):
     return acc
 
 
+def _chunk_starts(S0, S_end):
+    """States at the start of every chunk, [B, H, N, D, Dv], from those at their ends.
+
+    None when they are all zero (one chunk from a zero state), so that callers
+    skip the D x Dv work: a short decoder sentence needs none of it.
+    """
+    if S0 is None and S_end.shape[2] == 1:
+        return None
+    first = S_end.new_zeros(S_end[:, :, :1].shape) if S0 is None else S0.unsqueeze(2)
+    return torch.cat([first, S_end[:, :, :-1]], 2)
+
+
 class _SumRuleChunked(torch.autograd.Function):
-    """Sum rule, Eq. 17 + Eq. 11, fully parallel over chunks."""
+    """Sum rule, Eq. 17 + Eq. 11, fully parallel over chunks.
+
+    S0 = None means a zero initial state; an unused final state gets no
+    gradient (None): both skip their D x Dv products.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, S0, chunk):
+        ctx.set_materialize_grads(False)
         T = q.shape[2]
         Q, K, V = (_to_chunks(x, chunk) for x in (q, k, v))
-        S_start, S_end = _sum_chunk_states(K, V, S0)
+        S_end = _sum_chunk_ends(K, V, S0)
+        S_start = _chunk_starts(S0, S_end)
         A = (Q @ _t(K)).tril()  # inclusive: out_t reads W_t, which has step t
-        out = Q @ S_start + A @ V
-        S_final = S_end[:, :, -1]
+        out = A @ V
+        if S_start is not None:
+            _add_matmul_(out, Q, S_start)
         ctx.save_for_backward(q, k, v, S0)
         ctx.chunk = chunk
-        return _from_chunks(out, T), S_final
+        return _from_chunks(out, T), S_end[:, :, -1]
 
     @staticmethod
     def backward(ctx, d_out, dS_final):
         q, k, v, S0 = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
+        d_out = torch.zeros_like(v) if d_out is None else d_out
         Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out))
-        S_start, _ = _sum_chunk_states(K, V, S0)
+        S_start = _chunk_starts(S0, _sum_chunk_ends(K, V, S0))
         # Gradient reaching the state at the end of chunk n: every later
         # chunk's queries read it (Q_m^T dO_m) and so does the final state.
-        qdo = _t(Q) @ dO
-        later = qdo.flip(2).cumsum(2).flip(2)
-        dS_end = dS_final.unsqueeze(2) + later - qdo
+        qdo = _t(Q) @ dO if Q.shape[2] > 1 or ctx.needs_input_grad[3] else None
+        dS_end = None
+        if Q.shape[2] > 1:
+            later = qdo.flip(2).cumsum(2).flip(2)
+            dS_end = later - qdo
+        if dS_final is not None:
+            dS_end = dS_final.unsqueeze(2) if dS_end is None else dS_end + dS_final.unsqueeze(2)
         dA = (dO @ _t(V)).tril()
-        dq = dO @ _t(S_start) + dA @ K
-        dk = _t(dA) @ Q + V @ _t(dS_end)
-        dv = _t((Q @ _t(K)).tril()) @ dO + K @ dS_end
-        dS0 = dS_final + later[:, :, 0]
+        dq = dA @ K
+        dk = _t(dA) @ Q
+        dv = _t((Q @ _t(K)).tril()) @ dO
+        if S_start is not None:
+            _add_matmul_(dq, dO, _t(S_start))
+        if dS_end is not None:
+            dk = dk + V @ _t(dS_end)  # dS_end may broadcast over chunks
+            dv = dv + K @ dS_end
+        dS0 = None
+        if ctx.needs_input_grad[3]:
+            dS0 = qdo.sum(2) if dS_final is None else dS_final + qdo.sum(2)
         return (_from_chunks(dq, T), _from_chunks(dk, T), _from_chunks(dv, T), dS0, None)
 
 
-def _sum_chunk_states(K, V, S0):
-    """States at the start of every chunk, [B, H, N, D, Dv], and their sum."""
-    kv = _t(K) @ V
-    S_end = S0.unsqueeze(2) + kv.cumsum(2)
-    return torch.cat([S0.unsqueeze(2), S_end[:, :, :-1]], 2), S_end
+def _sum_chunk_ends(K, V, S0):
+    """States at the end of every chunk, [B, H, N, D, Dv]."""
+    S_end = (_t(K) @ V).cumsum(2)
+    return S_end if S0 is None else S_end + S0.unsqueeze(2)
 
 
 def _delta_chunk_factors(K, V, beta):
@@ -124,23 +154,35 @@ def _delta_chunk_factors(K, V, beta):
 
 
 class _DeltaRuleChunked(torch.autograd.Function):
-    """Delta rule, Eqs. 20, 24, 25, with T/C sequential steps."""
+    """Delta rule, Eqs. 20, 24, 25, with T/C sequential steps.
+
+    S0 = None means a zero initial state; an unused final state gets no
+    gradient (None). A single chunk from a zero state then needs no D x Dv
+    work but its final state.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, beta, S0, chunk):
+        ctx.set_materialize_grads(False)
         T = q.shape[2]
         Q, K, V = (_to_chunks(x, chunk) for x in (q, k, v))
         b = _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1)
         Tinv, Wk, Uv = _delta_chunk_factors(K, V, b)
         # Only the chunk-start states are sequential: S_{n+1} = S_n + K_n^T U_n.
-        S, states, U = S0, [], torch.empty_like(Uv)
+        S, ends, U = S0, [], torch.empty_like(Uv)
         for n in range(Q.shape[2]):
-            states.append(S)
-            torch.sub(Uv[:, :, n], Wk[:, :, n] @ S, out=U[:, :, n])
-            S = S + _t(K[:, :, n]) @ U[:, :, n]
-        S_start = torch.stack(states, 2)
+            if S is None:  # U = Uv - Wk S with S = 0
+                U[:, :, n] = Uv[:, :, n]
+                S = _t(K[:, :, n]) @ U[:, :, n]
+            else:
+                torch.sub(Uv[:, :, n], Wk[:, :, n] @ S, out=U[:, :, n])
+                S = S + _t(K[:, :, n]) @ U[:, :, n]
+            ends.append(S)
+        S_start = _chunk_starts(S0, torch.stack(ends, 2))
         A = (Q @ _t(K)).tril_()  # inclusive: out_t reads W_t, which has step t
-        out = _add_matmul_(Q @ S_start, A, U)
+        out = A @ U
+        if S_start is not None:
+            _add_matmul_(out, Q, S_start)
         ctx.save_for_backward(q, k, v, beta, S_start, Tinv, Wk, U, A)
         ctx.chunk = chunk
         return _from_chunks(out, T), S
@@ -149,53 +191,67 @@ class _DeltaRuleChunked(torch.autograd.Function):
     def backward(ctx, d_out, dS_final):
         q, k, v, beta, S_start, Tinv, Wk, U, A = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
+        d_out = torch.zeros_like(v) if d_out is None else d_out
         Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out))
         b = _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1).unsqueeze(-1)
 
         # Reverse sweep over chunks: the only sequential part of the backward.
         # dU_n = A_n^T dO_n + K_n dS_{n+1};  dS_n = dS_{n+1} + Q_n^T dO_n - Wk_n^T dU_n
-        dU, QtdO = _t(A) @ dO, _t(Q) @ dO
-        dS_end = torch.empty_like(S_start)
-        dS = dS_final
-        for n in reversed(range(Q.shape[2])):
-            dS_end[:, :, n] = dS
-            dU[:, :, n] += K[:, :, n] @ dS
-            dS = dS + QtdO[:, :, n] - _t(Wk[:, :, n]) @ dU[:, :, n]
+        dU = _t(A) @ dO
+        dS_end, dS = None, None
+        if Q.shape[2] > 1 or dS_final is not None or ctx.needs_input_grad[4]:
+            QtdO = _t(Q) @ dO
+            dS_end = U.new_empty(*Q.shape[:3], Q.shape[-1], U.shape[-1])
+            dS = torch.zeros_like(dS_end[:, :, 0]) if dS_final is None else dS_final
+            for n in reversed(range(Q.shape[2])):
+                dS_end[:, :, n] = dS
+                dU[:, :, n] += K[:, :, n] @ dS
+                dS = dS + QtdO[:, :, n] - _t(Wk[:, :, n]) @ dU[:, :, n]
 
         dA = (dO @ _t(U)).tril_()
-        dQ = _add_matmul_(dO @ _t(S_start), dA, K)
+        dQ = dA @ K
         # Through the solve [Wk | Uv] = M^-1 diag(b) [K | V]. With dWk = -dU S^T
         # the right-hand-side gradients are dR_v = M^-T dU and dR_k = -dR_v S^T,
         # and dM = -(dR_k Wk^T + dR_v Uv^T) = -dR_v U^T (strictly lower part).
         dR_v = _t(Tinv) @ dU
-        neg_dR_k = dR_v @ _t(S_start)
         dM = (dR_v @ _t(U)).tril_(-1).neg_()
         P = dM * b  # M = I + strictly_lower(diag(b) K K^T): d(K K^T) = diag(b) dM
-        dK = _add_matmul_(_t(dA) @ Q, U, _t(dS_end))
+        dK = _t(dA) @ Q
+        if dS_end is not None:
+            _add_matmul_(dK, U, _t(dS_end))
         _add_matmul_(dK, P + _t(P), K)
-        dK.addcmul_(b, neg_dR_k, value=-1)
         db = dM.mul_(K @ _t(K)).sum(-1)
-        db += (dR_v * V).sum(-1) - (neg_dR_k * K).sum(-1)
+        db += (dR_v * V).sum(-1)
+        if S_start is not None:  # the terms through S_start (zero for a lone chunk from zero)
+            _add_matmul_(dQ, dO, _t(S_start))
+            neg_dR_k = dR_v @ _t(S_start)
+            dK.addcmul_(b, neg_dR_k, value=-1)
+            db -= (neg_dR_k * K).sum(-1)
         dV = dR_v.mul_(b)
         db = db.reshape(*db.shape[:2], -1)[:, :, :T]
-        return (_from_chunks(dQ, T), _from_chunks(dK, T), _from_chunks(dV, T), db, dS, None)
+        dS0 = dS if ctx.needs_input_grad[4] else None
+        return (_from_chunks(dQ, T), _from_chunks(dK, T), _from_chunks(dV, T), db, dS0, None)
 
 
 def fast_weight_sum_chunked(q, k, v, state, chunk_size=None):
-    """Sum rule; ``state`` is W ``[B, H, Dv, D]`` (never None here)."""
+    """Sum rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros."""
     if q.shape[2] == 1:  # decoding: one recurrent step beats any chunking
-        out, W = sum_step(state, q[:, :, 0], k[:, :, 0], v[:, :, 0])
+        out, W = sum_step(_zeros_if_none(state, q, v), q[:, :, 0], k[:, :, 0], v[:, :, 0])
         return out.unsqueeze(2), W
     chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
-    out, S = _SumRuleChunked.apply(q, k, v, _t(state), chunk)
+    out, S = _SumRuleChunked.apply(q, k, v, None if state is None else _t(state), chunk)
     return out, _t(S)
 
 
 def fast_weight_delta_chunked(q, k, v, beta, state, chunk_size=None):
-    """Delta rule; ``state`` is W ``[B, H, Dv, D]`` (never None here)."""
+    """Delta rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros."""
     if q.shape[2] == 1:
-        out, W = delta_step(state, q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0])
+        out, W = delta_step(_zeros_if_none(state, q, v), q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0])
         return out.unsqueeze(2), W
     chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
-    out, S = _DeltaRuleChunked.apply(q, k, v, beta, _t(state), chunk)
+    out, S = _DeltaRuleChunked.apply(q, k, v, beta, None if state is None else _t(state), chunk)
     return out, _t(S)
+
+
+def _zeros_if_none(state, q, v):
+    return q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1]) if state is None else state

@@ -130,6 +130,8 @@ def _apply(q, k, v, beta, state, chunk):
         raise ValueError(f"q has feature size D = {D}; the CUDA kernels take D <= {MAX_FEATURES}")
     tensors = [x.contiguous() for x in (q, k, v)]
     beta = None if beta is None else beta.contiguous()
+    if state is None:
+        state = q.new_zeros(*q.shape[:2], Dv, D, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     return _FastWeightKernel.apply(*tensors, beta, state.contiguous(), chunk or CHUNK, _rows_per_tile(D, Dv))
 
 
@@ -137,7 +139,8 @@ def fast_weight_sum_kernel(q, k, v, state, chunk=None):
     """Sum rule through the kernels (CUDA tensors) or their CPU twin (CPU tensors).
 
     q, k, v keep their dtype (float32/64, float16, bfloat16); ``state`` is in
-    the accumulation dtype. Returns (out in the input dtype, final state).
+    the accumulation dtype, or None for zeros. Returns (out in the input
+    dtype, final state).
     """
     return _apply(q, k, v, None, state, chunk)
 

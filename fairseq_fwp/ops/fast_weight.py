@@ -52,12 +52,9 @@ def _run(rule_index, q, k, v, beta, state, backend):
     B, H, T, D, Dv = check_inputs(q, k, v, beta, state)
     name = resolve_backend(backend, q)
     acc = accumulation_dtype(q.dtype)
-    if state is None:
-        state = q.new_zeros(B, H, Dv, D, dtype=acc)
-    else:
-        state = state.to(acc)
+    state = None if state is None else state.to(acc)  # None: zeros, which backends can skip
     if T == 0:
-        return q.new_zeros(B, H, 0, Dv), state
+        return q.new_zeros(B, H, 0, Dv), q.new_zeros(B, H, Dv, D, dtype=acc) if state is None else state
     betas = () if beta is None else (beta,)
     if name == "cuda":
         out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state)
