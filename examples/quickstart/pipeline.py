@@ -4,26 +4,10 @@ Used by the quickstart (quickstart.py) and by the end-to-end tests, so what
 the tests prove is what the quickstart runs. Every step calls the real
 fairseq-* command of the current environment.
 """
-import os
 import re
 import shutil
-import subprocess
-import sys
 
-BIN_DIR = os.path.dirname(sys.executable)
-PLUGIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fairseq_fwp")
-
-
-def fairseq(command, *args, cwd=None):
-    """Run fairseq-<command>; returns its combined output, raises with its tail on failure."""
-    proc = subprocess.run(
-        [os.path.join(BIN_DIR, f"fairseq-{command}"), *map(str, args)],
-        cwd=cwd, capture_output=True, text=True,
-    )
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise RuntimeError(f"fairseq-{command} failed ({proc.returncode}):\n{output[-4000:]}")
-    return output
+from fairseq_fwp.recipes.commands import PLUGIN_DIR, fairseq
 
 
 def preprocess_translation(raw_dir, dest):

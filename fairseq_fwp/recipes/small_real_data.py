@@ -1,0 +1,183 @@
+"""Small real-data comparisons that run on a CPU: Multi30k En-De and WikiText-2.
+
+    python -m fairseq_fwp.recipes.small_real_data multi30k --out runs/multi30k [--max-update 4000] [--rows ...]
+    python -m fairseq_fwp.recipes.small_real_data wikitext2 --out runs/wikitext2 [--max-update 3000] [--rows ...]
+
+Data come from ../shared/data (or --data-dir); nothing is copied into the
+repository. Every row trains the same small model with the same budget,
+differing only in its --fwp-* flags; results (BLEU or perplexity, and
+training words/s) go to OUT/results.json and a markdown table on stdout.
+Rows whose results are already in OUT/results.json are skipped, so an
+interrupted run resumes.
+
+- multi30k: 29K training pairs; joint BPE (6K merges); a 2+2-layer
+  Transformer of width 128 with 2 heads (d_key 64, as in the paper, so the
+  Table 1 feature sizes carry over); Adam with inverse-sqrt schedule, label
+  smoothing 0.1; the checkpoint with the best validation loss translates
+  test_2016_flickr with beam 4 (sacreBLEU on detokenised output).
+- wikitext2: the train split is not in ../shared/data, so valid.txt is the
+  training text and test.txt is cut at the article boundary nearest 3/4
+  of the way through: the first part validates, the last quarter is the
+  test part (the sliding window costs one L-token forward per test token).
+  A 4-layer LM of width 128 with 4 heads, L = 64; test perplexity with the
+  paper's sliding window (windows of L, stride 1), and for the carry-over
+  row also with the state carried through the whole test part.
+"""
+import argparse
+import json
+import os
+import re
+
+from . import language_model, text, translation
+
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "..", "shared", "data")
+
+PERFORMER = ["--fwp-feature-map", "performer", "--fwp-performer-features"]
+DPFP = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu"]
+MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attention normalisation
+    "softmax": ["--fwp-feature-map", "softmax"],
+    "linear": ["--fwp-feature-map", "linear"],
+    "performer-64": PERFORMER + ["32"],
+    "performer-256": PERFORMER + ["128"],
+    "dpfp-128": DPFP + ["1"],
+    "dpfp-256": DPFP + ["2"],
+    "dpfp-256-delta": DPFP + ["2", "--fwp-update-rule", "delta"],  # delta rule in the decoder self-attention
+}
+MULTI30K_MODEL = [
+    "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
+    "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "2",
+    "--decoder-attention-heads", "2", "--share-all-embeddings", "--dropout", "0.2",
+]
+MULTI30K_TRAINING = [
+    "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "0.001", "--lr-scheduler", "inverse_sqrt",
+    "--warmup-updates", "500", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--max-tokens", "4096", "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "50", "--seed", "1",
+]
+
+SUM = ["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"]
+WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (task, flags)
+    "softmax": ("language_modeling", ["--fwp-feature-map", "softmax", "--fwp-positions", "on"]),
+    "linear-sum": ("language_modeling", SUM),
+    "linear-delta": ("language_modeling", []),
+    "dpfp-sum": ("language_modeling", DPFP + ["1"] + SUM),
+    "dpfp-delta": ("language_modeling", DPFP + ["1"]),
+    "performer-sum": ("language_modeling", PERFORMER + ["16"] + SUM),
+    "performer-delta": ("language_modeling", PERFORMER + ["16"]),
+    "linear-delta-carry": ("fwp_stream_lm", []),
+}
+WIKITEXT2_LENGTH = 64
+# test.txt from the article boundary nearest 3/4 of the way is the test part: the
+# sliding window costs one L-token forward per test token, so it is kept small.
+TEST_FROM = 0.75
+WIKITEXT2_MODEL = ["--decoder-layers", "4", "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512",
+                   "--decoder-attention-heads", "4", "--share-decoder-input-output-embed", "--dropout", "0.2"]
+WIKITEXT2_TRAINING = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "0.001",
+                      "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "500", "--no-epoch-checkpoints",
+                      "--log-format", "simple", "--log-interval", "50", "--seed", "1"]
+
+
+def train_words_per_second(log):
+    """fairseq's end-of-epoch wps, averaged over the epochs (the first is slower)."""
+    values = [float(v) for v in re.findall(r"\| train \| .*?\| wps ([0-9.]+)", log)]
+    return sum(values) / len(values) if values else None
+
+
+def prepare_multi30k(data_dir, out):
+    source = os.path.join(data_dir, "multi30k")
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"{source} is missing: pass --data-dir (see ../shared/data/README.md)")
+    if os.path.exists(os.path.join(out, "bin", "dict.en.txt")):
+        return
+    read = lambda stem, lang: text.read_lines(os.path.join(source, f"{stem}.{lang}.gz"))  # noqa: E731
+    pairs = {split: [(read(stem, "en"), read(stem, "de"))]
+             for split, stem in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr"))}
+    translation.prepare(pairs, "en", "de", out, merges=6000, workers=2)
+
+
+def run_multi30k_row(out, row, max_update):
+    save = os.path.join(out, "checkpoints", row)
+    log = translation.train(os.path.join(out, "bin"), save, "fwp_transformer_tiny", MULTI30K_ROWS[row],
+                            MULTI30K_MODEL + MULTI30K_TRAINING, ["--max-update", str(max_update)])
+    scores = translation.translate_and_score(out, os.path.join(save, "checkpoint_best.pt"), "en", "de",
+                                             ["--beam", "4", "--lenpen", "0.6", "--batch-size", "64"],
+                                             os.path.join(save, "test"))
+    return {"bleu": scores["sacrebleu"], "tokenized_bleu": scores["tokenized_bleu"],
+            "signature": scores["sacrebleu_signature"], "train_wps": train_words_per_second(log),
+            "generate_tokens_per_s": scores["generate_tokens_per_s"]}
+
+
+def split_at_article_boundary(lines, fraction):
+    """WikiText lines cut before the top-level title nearest `fraction` of the way through."""
+    titles = [i for i, line in enumerate(lines) if re.match(r"^ = [^=].* = $", line)]
+    cut = min(titles, key=lambda i: abs(i - int(len(lines) * fraction)))
+    return lines[:cut], lines[cut:]
+
+
+def prepare_wikitext2(data_dir, out):
+    source = os.path.join(data_dir, "wikitext-2")
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"{source} is missing: pass --data-dir (see ../shared/data/README.md)")
+    if os.path.exists(os.path.join(out, "bin", "dict.txt")):
+        return
+    raw = os.path.join(out, "raw")
+    os.makedirs(raw, exist_ok=True)
+    valid, test = split_at_article_boundary(text.read_lines(os.path.join(source, "test.txt")), TEST_FROM)
+    text.write_lines(os.path.join(raw, "train.txt"), text.read_lines(os.path.join(source, "valid.txt")))
+    text.write_lines(os.path.join(raw, "valid.txt"), valid)
+    text.write_lines(os.path.join(raw, "test.txt"), test)
+    language_model.prepare(*(os.path.join(raw, f"{s}.txt") for s in ("train", "valid", "test")), out, workers=2)
+
+
+def run_wikitext2_row(out, row, max_update):
+    task, flags = WIKITEXT2_ROWS[row]
+    save = os.path.join(out, "checkpoints", row)
+    log = language_model.train(os.path.join(out, "bin"), save, "fwp_lm_tiny", task, WIKITEXT2_LENGTH, 16, flags,
+                               WIKITEXT2_MODEL + WIKITEXT2_TRAINING, ["--max-update", str(max_update)])
+    checkpoint = os.path.join(save, "checkpoint_best.pt")
+    result = {"train_wps": train_words_per_second(log)}
+    protocols = ("sliding", "carry") if task == "fwp_stream_lm" else ("sliding",)
+    for protocol in protocols:
+        ppl = language_model.evaluate(os.path.join(out, "bin"), checkpoint, protocol, WIKITEXT2_LENGTH)
+        result[f"test_ppl_{protocol}"] = ppl["perplexity"]
+        result[f"test_tokens_{protocol}"] = ppl["tokens"]
+    return result
+
+
+CORPORA = {
+    "multi30k": (prepare_multi30k, run_multi30k_row, MULTI30K_ROWS, 1200),
+    "wikitext2": (prepare_wikitext2, run_wikitext2_row, WIKITEXT2_ROWS, 1500),
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("corpus", choices=CORPORA)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--data-dir", default=DEFAULT_DATA, help="the folder with multi30k/ and wikitext-2/")
+    parser.add_argument("--rows", nargs="+", help="a subset of the corpus's rows (default: all)")
+    parser.add_argument("--max-update", type=int, help="training updates per row")
+    args = parser.parse_args(argv)
+    prepare, run_row, table, default_updates = CORPORA[args.corpus]
+    unknown = set(args.rows or []) - set(table)
+    if unknown:
+        parser.error(f"--rows: {', '.join(sorted(unknown))} not among {', '.join(table)}")
+
+    prepare(args.data_dir, args.out)
+    results_path = os.path.join(args.out, "results.json")
+    results = json.load(open(results_path)) if os.path.exists(results_path) else {}
+    for row in args.rows or table:
+        if row in results:
+            continue
+        results[row] = run_row(args.out, row, args.max_update or default_updates)
+        results[row]["max_update"] = args.max_update or default_updates
+        with open(results_path, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"{row}: {json.dumps(results[row])}", flush=True)
+    for row, result in results.items():
+        print(f"| {row} | " + " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                         for k, v in result.items() if k != "signature") + " |")
+
+
+if __name__ == "__main__":
+    main()
