@@ -37,7 +37,7 @@ HYPERPARAMETERS = [
     "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--clip-norm", "0.0",
     "--lr", "0.0005", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--dropout", "0.3",
     "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "3584",
-    "--max-epoch", "45", "--eval-bleu", "--eval-bleu-args", '{"beam": 4, "lenpen": 0.6}',
+    "--max-epoch", "45", "--eval-bleu", "--eval-bleu-args", '{"beam": 4, "lenpen": 0.6, "max_len_a": 1.2, "max_len_b": 10}',
     "--eval-bleu-detok", "moses", "--eval-bleu-remove-bpe", "--best-checkpoint-metric", "bleu",
     "--maximize-best-checkpoint-metric",
 ]

@@ -1,0 +1,147 @@
+"""The paper's recipes end to end on small local files: prepare -> train -> evaluate, as a user runs them."""
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+
+pytest.importorskip("fairseq")
+
+from fairseq_models import parse_args  # noqa: E402
+from fairseq_fwp.recipes import rows, text  # noqa: E402
+from fairseq_fwp.recipes.small_real_data import split_at_article_boundary  # noqa: E402
+from fairseq_fwp.synthetic_data import lm_sentence, translation_pairs  # noqa: E402
+
+
+def recipe(module, *args):
+    """python -m fairseq_fwp.recipes.<module> ARGS; returns stdout, fails the test with the tail."""
+    proc = subprocess.run([sys.executable, "-m", f"fairseq_fwp.recipes.{module}", *map(str, args)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout
+
+
+def natural_pairs(n, rng):
+    """Synthetic pairs dressed as text: capitals, hyphens and punctuation for the Moses tokeniser."""
+    for src, tgt in translation_pairs(n, rng):
+        yield f"{src.capitalize()}-{src.split()[-1]}, {src}.", f"{tgt.capitalize()}-{tgt.split()[-1]}, {tgt}."
+
+
+def write_wmt14_layout(raw, rng):
+    """The WMT14 file names, with newstest2014 as .sgm inside a .tgz, like the real downloads."""
+    def write_pair(path_stem, n):
+        pairs = list(natural_pairs(n, rng))
+        os.makedirs(os.path.dirname(path_stem), exist_ok=True)
+        text.write_lines(path_stem + ".en", [s for s, _ in pairs])
+        text.write_lines(path_stem + ".de", [t for _, t in pairs])
+        return pairs
+
+    write_pair(str(raw / "training" / "europarl-v7.de-en"), 150)
+    write_pair(str(raw / "commoncrawl.de-en"), 100)
+    write_pair(str(raw / "training" / "news-commentary-v9.de-en"), 100)
+    write_pair(str(raw / "dev" / "newstest2013"), 30)
+    test = list(natural_pairs(21, rng))
+    os.makedirs(raw / "test-full")
+    for side, name in ((0, "newstest2014-deen-src.en.sgm"), (1, "newstest2014-deen-ref.de.sgm")):
+        segs = "\n".join(f'<seg id="{i + 1}">{pair[side]}</seg>' for i, pair in enumerate(test))
+        (raw / "test-full" / name).write_text(f'<srcset setid="newstest2014">\n<doc docid="x">\n{segs}\n</doc>\n</srcset>\n')
+    with tarfile.open(raw / "test-full.tgz", "w:gz") as archive:
+        archive.add(raw / "test-full", arcname="test-full")
+    for name in os.listdir(raw / "test-full"):
+        os.remove(raw / "test-full" / name)
+    os.rmdir(raw / "test-full")
+    return test
+
+
+def test_wmt14_recipe_prepares_trains_and_scores_every_test_sentence(tmp_path):
+    test = write_wmt14_layout(tmp_path / "raw", random.Random(0))
+    out = recipe("wmt14", "prepare", "--raw-dir", tmp_path / "raw", "--out", tmp_path / "data",
+                 "--bpe-merges", 60, "--workers", 1)
+    assert "fairseq-preprocess" in out and "--joined-dictionary" in out
+    assert text.read_lines(tmp_path / "data" / "raw" / "test.de") == [t for _, t in test]  # raw refs kept
+    assert "@-@" in text.read_lines(tmp_path / "data" / "tok" / "train.en")[0]  # aggressive hyphen splitting
+
+    out = recipe("wmt14", "train", "--data", tmp_path / "data", "--row", "dpfp-256", "--save-dir", tmp_path / "ckpt",
+                 "--arch", "fwp_transformer_tiny", "--gpus", 48, "--", "--max-update", 3, "--max-tokens", 1000)
+    assert "--fwp-dpfp-nu 2" in out and "--update-freq 1" in out and "--label-smoothing 0.1" in out
+    log = (tmp_path / "ckpt" / "train.log").read_text()
+    assert "num_updates 3" in log and "| bleu " in log  # validation BLEU picks the best checkpoint
+
+    scores = json.loads(recipe("wmt14", "evaluate", "--data", tmp_path / "data", "--row", "dpfp-256",
+                               "--checkpoint", tmp_path / "ckpt" / "checkpoint_best.pt", "--", "--batch-size", 8,
+                               "--max-len-b", 30)
+                        .split("\n", 1)[1])
+    assert scores["sentences"] == len(test)
+    assert 0 <= scores["sacrebleu"] <= 100 and 0 <= scores["tokenized_bleu"] <= 100
+    assert scores["sacrebleu_signature"].startswith("BLEU = ") and scores["paper_bleu"] == 26.9
+    assert len(text.read_lines(tmp_path / "ckpt" / "checkpoint_best.test.hyp.detok")) == len(test)
+
+
+def write_wikitext_zip(folder, rng):
+    """wiki.{train,valid,test}.tokens in WikiText's layout (titles, blank lines), zipped as downloaded."""
+    def article(n):
+        return [" = Title = ", ""] + [" " + lm_sentence(rng) + " " for _ in range(n)] + [""]
+
+    os.makedirs(folder)
+    with zipfile.ZipFile(folder / "wikitext-103-v1.zip", "w") as archive:
+        for split, n in (("train", 60), ("valid", 8), ("test", 8)):
+            lines = [line for _ in range(4) for line in article(n)]
+            archive.writestr(f"wikitext-103/wiki.{split}.tokens", "\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("table, row", [("table2", "delta"), ("table4", "delta-carry")])
+def test_wikitext103_recipe_prepares_trains_and_evaluates(tmp_path, table, row):
+    write_wikitext_zip(tmp_path / "raw", random.Random(1))
+    recipe("wikitext103", "prepare", "--raw-dir", tmp_path / "raw", "--out", tmp_path / "data", "--workers", 1)
+    tiny = ["--", "--arch", "fwp_lm_tiny", "--criterion", "cross_entropy", "--max-update", 2]
+    size = "medium" if table == "table4" else "small"
+    out = recipe("wikitext103", "train", "--data", tmp_path / "data", "--table", table, "--row", row, "--size", size,
+                 "--save-dir", tmp_path / "ckpt", *tiny)
+    task = "fwp_stream_lm" if table == "table4" else "language_modeling"
+    assert f"--task {task}" in out and "--lr 0.00025" in out and "--warmup-updates 2000" in out
+
+    result = json.loads(recipe("wikitext103", "evaluate", "--data", tmp_path / "data", "--table", table,
+                               "--row", row, "--size", size, "--checkpoint", tmp_path / "ckpt" / "checkpoint_last.pt")
+                        .split("\n", 1)[1])
+    test_tokens = sum(len(line.split()) + 1 for line in text.read_lines(tmp_path / "raw" / "wikitext-103" /
+                                                                          "wiki.test.tokens"))
+    assert result["tokens"] == test_tokens  # every token once, in either protocol
+    assert result["perplexity"] > 1 and result["paper_test_perplexity"] == rows.LM_PERPLEXITY[table, row, size]
+
+
+@pytest.mark.parametrize("table", list(rows.LM_TABLES))
+def test_every_lm_row_parses_with_its_arch(table):
+    for size in rows.TABLE_SIZES[table]:
+        arch = f"fwp_lm_wiki103_{size}"
+        for row in rows.LM_TABLES[table]:
+            args = parse_args("language_modeling", arch, *rows.lm_row_flags(table, row, size))
+            if "performer" in row and table == "table2":
+                assert args.fwp_performer_features == rows.PERFORMER_M[size]
+
+
+def test_every_translation_row_parses_with_the_big_arch():
+    for row, flags in rows.TABLE1.items():
+        args = parse_args("translation", "fwp_transformer_wmt_en_de_big", *flags)
+        feature_size = {"softmax": 64, "linear": 64, "performer": 2 * args.fwp_performer_features,
+                        "dpfp": 2 * 64 * args.fwp_dpfp_nu}[args.fwp_feature_map]
+        assert row == "standard" or row == "linear" or row.endswith(str(feature_size))
+
+
+def test_bad_rows_fail_clearly():
+    with pytest.raises(ValueError, match="table3 is reported for medium"):
+        rows.lm_row_flags("table3", "nopos-noattnnorm", "small")
+    with pytest.raises(ValueError, match="table2 rows are transformer, linear-sum"):
+        rows.lm_row_flags("table2", "dpfp", "small")
+    proc = subprocess.run([sys.executable, "-m", "fairseq_fwp.recipes.wmt14", "train", "--data", "x",
+                           "--row", "dpfp-999", "--save-dir", "y"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--row: invalid choice: 'dpfp-999'" in proc.stderr
+
+
+def test_wikitext2_split_falls_on_an_article_boundary():
+    lines = [" = A = ", " a ."] * 3 + [" = B = ", " b ."] * 3
+    first, second = split_at_article_boundary(lines, 0.5)
+    assert first + second == lines and second[0] == " = B = "
