@@ -211,3 +211,24 @@ def test_gradients_when_only_one_output_is_used(backend, rule, T, with_state, us
 
     for got, want in zip(grads(backend), grads("reference")):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + FAST_BACKENDS)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[3], SHAPES[6]])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_state_only_ops_equal_the_full_ops_final_state(backend, rule, shape, with_state):
+    from fairseq_fwp.ops import fast_weight_delta_state, fast_weight_sum_state
+
+    inputs = make_inputs(*shape, with_state=with_state)
+    _, k, v, beta, W0 = inputs
+    W = fast_weight_sum_state(k, v, W0, backend=backend) if rule == "sum" else \
+        fast_weight_delta_state(k, v, beta, W0, backend=backend)
+    _, W_full = run_op(rule, inputs, "reference")
+    torch.testing.assert_close(W, W_full, rtol=1e-9, atol=1e-9)
+    wrt = [x for x in (k, v, beta, W0) if x is not None and (rule == "delta" or x is not beta)]
+    g = torch.randn(W.shape, generator=torch.Generator().manual_seed(2), dtype=W.dtype)
+    got = torch.autograd.grad((W * g).sum(), wrt)
+    expected = torch.autograd.grad((W_full * g).sum(), wrt)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)

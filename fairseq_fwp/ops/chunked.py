@@ -255,3 +255,24 @@ def fast_weight_delta_chunked(q, k, v, beta, state, chunk_size=None):
 
 def _zeros_if_none(state, q, v):
     return q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1]) if state is None else state
+
+
+def fast_weight_sum_state_chunked(k, v, state):
+    """Sum rule, final fast weight only: W_T = W_0 + V^T K, one product (autograd)."""
+    W = v.transpose(-1, -2) @ k
+    return W if state is None else state + W
+
+
+def fast_weight_delta_state_chunked(k, v, beta, state, chunk_size=None):
+    """Delta rule, final fast weight only: the WY recurrence over chunks, no outputs (autograd).
+
+    Keeps per chunk what autograd needs of the factors; no per-step state.
+    """
+    chunk = min(chunk_size or default_chunk_size(k.shape[-1]), k.shape[2])
+    K, V = _to_chunks(k, chunk), _to_chunks(v, chunk)
+    _, Wk, Uv = _delta_chunk_factors(K, V, _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1))
+    S = None if state is None else _t(state)
+    for n in range(K.shape[2]):
+        U = Uv[:, :, n] if S is None else Uv[:, :, n] - Wk[:, :, n] @ S
+        S = _t(K[:, :, n]) @ U if S is None else S + _t(K[:, :, n]) @ U
+    return _t(S)

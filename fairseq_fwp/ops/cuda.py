@@ -148,3 +148,12 @@ def fast_weight_sum_kernel(q, k, v, state, chunk=None):
 def fast_weight_delta_kernel(q, k, v, beta, state, chunk=None):
     """Delta rule through the kernels or their CPU twin; see fast_weight_sum_kernel."""
     return _apply(q, k, v, beta, state, chunk)
+
+
+def fast_weight_sum_state_kernel(k, v, state):
+    """Final fast weight only, through the kernels (the keys stand in for queries)."""
+    return _apply(k, k, v, None, state, None)[1]
+
+
+def fast_weight_delta_state_kernel(k, v, beta, state):
+    return _apply(k, k, v, beta, state, None)[1]

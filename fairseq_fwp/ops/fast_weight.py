@@ -25,6 +25,14 @@ _IMPLEMENTATIONS = {
 }
 
 
+# Final state only: (sum rule, delta rule) of each backend.
+_STATE_IMPLEMENTATIONS = {
+    "reference": (reference.fast_weight_sum_state_reference, reference.fast_weight_delta_state_reference),
+    "chunked": (chunked.fast_weight_sum_state_chunked, chunked.fast_weight_delta_state_chunked),
+    "cuda": (cuda.fast_weight_sum_state_kernel, cuda.fast_weight_delta_state_kernel),
+}
+
+
 def resolve_backend(backend, q):
     """Map a backend name (possibly "auto") to the one that runs on q."""
     if backend not in BACKENDS:
@@ -61,6 +69,34 @@ def _run(rule_index, q, k, v, beta, state, backend):
     else:
         out, W = _IMPLEMENTATIONS[name][rule_index](*[x.to(acc) for x in (q, k, v) + betas], state)
     return out.to(q.dtype), W
+
+
+def _run_state(rule_index, k, v, beta, state, backend):
+    B, H, T, D, Dv = check_inputs(k, k, v, beta, state)
+    name = resolve_backend(backend, k)
+    acc = accumulation_dtype(k.dtype)
+    state = None if state is None else state.to(acc)
+    if T == 0:
+        return k.new_zeros(B, H, Dv, D, dtype=acc) if state is None else state
+    tensors = (k, v) + (() if beta is None else (beta,))
+    if name != "cuda":
+        tensors = [x.to(acc) for x in tensors]
+    return _STATE_IMPLEMENTATIONS[name][rule_index](*tensors, state)
+
+
+def fast_weight_sum_state(k, v, state=None, *, backend="auto"):
+    """The sum rule's final fast weight alone (Eq. 17): W_T = W_0 + sum_t v_t k_t^T.
+
+    For memories that are written first and read later (the paper's
+    synthetic retrieval, or a prompt carried into decoding): no per-step
+    outputs are computed. Arguments and gradients as fast_weight_sum.
+    """
+    return _run_state(0, k, v, None, state, backend)
+
+
+def fast_weight_delta_state(k, v, beta, state=None, *, backend="auto"):
+    """The delta rule's final fast weight alone (Eqs. 20, 24); see fast_weight_sum_state."""
+    return _run_state(1, k, v, beta, state, backend)
 
 
 def fast_weight_sum(q, k, v, state=None, *, backend="auto"):

@@ -13,25 +13,33 @@ i.e. ``O(B * H * T * Dv * D)``; use it for testing, not for training.
 import torch
 
 
-def sum_step(W, q, k, v):
-    """One step of the sum rule. q, k: [..., D]; v: [..., Dv]; W: [..., Dv, D].
+def sum_write(W, k, v):
+    """Eq. 17: W_t = W_{t-1} + v_t (x) k_t. k: [..., D]; v: [..., Dv]; W: [..., Dv, D]."""
+    return W + v.unsqueeze(-1) * k.unsqueeze(-2)
 
-    Eq. 17: W_t = W_{t-1} + v_t (x) k_t, then Eq. 11: out_t = W_t q_t.
-    """
-    W = W + v.unsqueeze(-1) * k.unsqueeze(-2)
-    return (W @ q.unsqueeze(-1)).squeeze(-1), W
+
+def delta_write(W, k, v, beta):
+    """Eqs. 20, 24: vbar_t = W_{t-1} k_t (the value currently stored under k_t);
+    W_t = W_{t-1} + beta_t (v_t - vbar_t) (x) k_t. beta: [...] in (0, 1)."""
+    vbar = read(W, k)
+    return W + (beta.unsqueeze(-1) * (v - vbar)).unsqueeze(-1) * k.unsqueeze(-2)
+
+
+def read(W, q):
+    """Eq. 11 / Eq. 25: out_t = W_t q_t."""
+    return (W @ q.unsqueeze(-1)).squeeze(-1)
+
+
+def sum_step(W, q, k, v):
+    """One step of the sum rule: write, then read the updated memory."""
+    W = sum_write(W, k, v)
+    return read(W, q), W
 
 
 def delta_step(W, q, k, v, beta):
-    """One step of the delta rule. beta: [...] in (0, 1).
-
-    Eq. 20: vbar_t = W_{t-1} k_t (the value currently stored under k_t);
-    Eq. 24: W_t = W_{t-1} + beta_t (v_t - vbar_t) (x) k_t;
-    Eq. 25: out_t = W_t q_t (the query reads the updated memory).
-    """
-    vbar = (W @ k.unsqueeze(-1)).squeeze(-1)
-    W = W + (beta.unsqueeze(-1) * (v - vbar)).unsqueeze(-1) * k.unsqueeze(-2)
-    return (W @ q.unsqueeze(-1)).squeeze(-1), W
+    """One step of the delta rule: the query reads the updated memory (Eq. 25)."""
+    W = delta_write(W, k, v, beta)
+    return read(W, q), W
 
 
 def _initial_state(q, v, state):
@@ -59,3 +67,19 @@ def fast_weight_delta_reference(q, k, v, beta, state=None):
         out, W = delta_step(W, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t])
         outs.append(out)
     return torch.stack(outs, dim=2), W
+
+
+def fast_weight_sum_state_reference(k, v, state=None):
+    """Sum rule, final fast weight only."""
+    W = _initial_state(k, v, state)
+    for t in range(k.shape[2]):
+        W = sum_write(W, k[:, :, t], v[:, :, t])
+    return W
+
+
+def fast_weight_delta_state_reference(k, v, beta, state=None):
+    """Delta rule, final fast weight only."""
+    W = _initial_state(k, v, state)
+    for t in range(k.shape[2]):
+        W = delta_write(W, k[:, :, t], v[:, :, t], beta[:, :, t])
+    return W
