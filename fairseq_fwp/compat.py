@@ -3,13 +3,21 @@
 1. torch >= 2.6 loads with ``weights_only=True`` by default, which refuses
    fairseq checkpoints (they pickle argparse/omegaconf configs). fairseq's
    own checkpoint loader gets ``weights_only=False`` back: checkpoints are
-   files the user trained, the trust model fairseq always had.
+   files the user trained, the trust model fairseq always had; so does the
+   broadcast of a loaded checkpoint to the ranks of a resumed
+   multi-process run.
 2. fairseq-fixed 0.12.3.1 drops the last batch whenever its size is not a
    multiple of --required-batch-size-multiple (8 by default), so
    fairseq-generate silently skipped sentences and eval-lm skipped text.
    The dropped indices are put back as a final batch.
+3. fairseq 0.12 turns --bf16 into --tpu (bf16 was TPU-only then), which
+   crashes wherever torch_xla is missing. Without torch_xla, --bf16 stays
+   on the CPU or GPU: the command-line tools convert their parsed arguments
+   with the TPU switch off again.
 """
 import functools
+import importlib.util
+import sys
 import types
 
 import numpy as np
@@ -17,9 +25,13 @@ import torch
 
 
 def _patch_checkpoint_loading():
+    """fairseq's checkpoint loader, and the broadcast that hands a loaded
+    checkpoint to the other ranks of a resumed multi-process run, see a torch
+    whose load defaults to weights_only=False."""
     from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
 
-    if isinstance(checkpoint_utils.torch, types.ModuleType) and checkpoint_utils.torch is not torch:
+    if checkpoint_utils.torch is not torch:
         return  # already patched
 
     @functools.wraps(torch.load)
@@ -27,11 +39,13 @@ def _patch_checkpoint_loading():
         kwargs.setdefault("weights_only", False)
         return torch.load(*args, **kwargs)
 
-    # A torch look-alike for that one module only; torch.load stays untouched elsewhere.
+    # A torch look-alike for those modules only; torch.load stays untouched elsewhere.
     proxy = types.ModuleType("torch")
     proxy.__dict__.update({k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
+    proxy.__getattr__ = functools.partial(getattr, torch)  # torch's lazily loaded submodules
     proxy.load = load
     checkpoint_utils.torch = proxy
+    distributed_utils.torch = proxy
 
 
 def _patch_batch_by_size():
@@ -56,6 +70,30 @@ def _patch_batch_by_size():
     data_utils.batch_by_size = batch_by_size
 
 
+CLI_MODULES = ("fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.eval_lm", "fairseq_cli.validate",
+               "fairseq_cli.interactive")
+
+
+def _patch_bf16_without_tpu():
+    if importlib.util.find_spec("torch_xla") is not None:
+        return  # a TPU machine: fairseq's own behaviour
+    for name in CLI_MODULES:
+        module = sys.modules.get(name)  # the plugin loads while the tool parses its arguments
+        convert = getattr(module, "convert_namespace_to_omegaconf", None)
+        if convert is None or getattr(convert, "_fwp_bf16_without_tpu", False):
+            continue
+
+        @functools.wraps(convert)
+        def convert_keeping_bf16_off_tpu(args, convert=convert):
+            if getattr(args, "bf16", False):
+                args.tpu = False
+            return convert(args)
+
+        convert_keeping_bf16_off_tpu._fwp_bf16_without_tpu = True
+        module.convert_namespace_to_omegaconf = convert_keeping_bf16_off_tpu
+
+
 def apply():
     _patch_checkpoint_loading()
     _patch_batch_by_size()
+    _patch_bf16_without_tpu()

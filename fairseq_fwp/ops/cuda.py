@@ -94,7 +94,11 @@ def kernels_usable(q):
 
     A failed build is reported once as a warning, and the caller falls back.
     """
-    if not q.is_cuda or q.shape[-1] > MAX_FEATURES:
+    if not q.is_cuda:
+        return False
+    if q.shape[-1] > MAX_FEATURES:
+        warnings.warn(f"feature size D = {q.shape[-1]} is above the CUDA kernels' {MAX_FEATURES}: "
+                      "using backend='chunked'", stacklevel=3)  # shown once per call site
         return False
     try:
         return load_extension().has_cuda_kernels()
