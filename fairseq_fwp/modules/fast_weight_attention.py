@@ -122,8 +122,8 @@ class FastWeightAttention(nn.Module):
 
     def _heads(self, x):
         """[T, B, H * d] -> [B, H, T, d]"""
-        T, B, _ = x.shape
-        return x.view(T, B, self.num_heads, -1).permute(1, 2, 0, 3)
+        T, B, C = x.shape
+        return x.view(T, B, self.num_heads, C // self.num_heads).permute(1, 2, 0, 3)
 
     def _phi(self, x):
         phi = self.feature_map(self._heads(x))
