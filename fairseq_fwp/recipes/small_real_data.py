@@ -83,10 +83,15 @@ def train_words_per_second(log):
     return sum(values) / len(values) if values else None
 
 
-def prepare_multi30k(data_dir, out):
-    source = os.path.join(data_dir, "multi30k")
+def shared_corpus(data_dir, name):
+    source = os.path.join(data_dir, name)
     if not os.path.isdir(source):
         raise FileNotFoundError(f"{source} is missing: pass --data-dir (see ../shared/data/README.md)")
+    return source
+
+
+def prepare_multi30k(data_dir, out):
+    source = shared_corpus(data_dir, "multi30k")
     if os.path.exists(os.path.join(out, "bin", "dict.en.txt")):
         return
     read = lambda stem, lang: text.read_lines(os.path.join(source, f"{stem}.{lang}.gz"))  # noqa: E731
@@ -115,9 +120,7 @@ def split_at_article_boundary(lines, fraction):
 
 
 def prepare_wikitext2(data_dir, out):
-    source = os.path.join(data_dir, "wikitext-2")
-    if not os.path.isdir(source):
-        raise FileNotFoundError(f"{source} is missing: pass --data-dir (see ../shared/data/README.md)")
+    source = shared_corpus(data_dir, "wikitext-2")
     if os.path.exists(os.path.join(out, "bin", "dict.txt")):
         return
     raw = os.path.join(out, "raw")

@@ -20,7 +20,7 @@ import os
 import urllib.request
 import zipfile
 
-from . import language_model, rows
+from . import cli, language_model, rows
 
 URLS = ["https://wikitext.smerity.com/wikitext-103-v1.zip",
         "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip"]
@@ -82,12 +82,8 @@ def add_row_arguments(parser):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     steps = parser.add_subparsers(dest="step", required=True)
-    prep = steps.add_parser("prepare")
-    source = prep.add_mutually_exclusive_group(required=True)
-    source.add_argument("--download", action="store_true")
-    source.add_argument("--raw-dir")
-    prep.add_argument("--out", required=True)
-    prep.add_argument("--workers", type=int, default=os.cpu_count())
+    prep = steps.add_parser("prepare", help="download or read, binarise")
+    cli.add_source_arguments(prep)
     train = steps.add_parser("train")
     add_row_arguments(train)
     train.add_argument("--save-dir", required=True)
@@ -96,22 +92,18 @@ def main(argv=None):
     add_row_arguments(evaluate)
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--subset", default="test", choices=("valid", "test"))
-    for step in (train, evaluate):
-        step.add_argument("fairseq_args", nargs=argparse.REMAINDER, help="-- then extra fairseq flags")
+    cli.add_fairseq_passthrough(train, evaluate)
     args = parser.parse_args(argv)
 
     if args.step == "prepare":
-        raw_dir = os.path.join(args.out, "downloads") if args.download else args.raw_dir
-        if args.download:
-            download(raw_dir)
-        splits = find_splits(raw_dir)
+        splits = find_splits(cli.raw_folder(args, download))
         language_model.prepare(splits["train"], splits["valid"], splits["test"], args.out, args.workers)
         return
     try:
         rows.lm_row_flags(args.table, args.row, args.size)
     except ValueError as err:
         parser.error(f"--row/--size: {err}")
-    extra = [a for a in args.fairseq_args if a != "--"]
+    extra = cli.fairseq_passthrough(args)
     if args.step == "train":
         train_row(args.data, args.table, args.row, args.size, args.save_dir, args.gpus, extra)
     else:

@@ -17,7 +17,7 @@ import re
 import tarfile
 import urllib.request
 
-from . import rows, text, translation
+from . import cli, rows, text, translation
 
 ARCHIVES = {
     "training-parallel-europarl-v7.tgz": "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
@@ -85,12 +85,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     steps = parser.add_subparsers(dest="step", required=True)
     prep = steps.add_parser("prepare", help="download or read, tokenise, clean, BPE, binarise")
-    source = prep.add_mutually_exclusive_group(required=True)
-    source.add_argument("--download", action="store_true", help="fetch the archives into OUT/downloads")
-    source.add_argument("--raw-dir", help="a folder with the WMT14 files or their .tgz archives")
-    prep.add_argument("--out", required=True)
+    cli.add_source_arguments(prep)
     prep.add_argument("--bpe-merges", type=int, default=32000)
-    prep.add_argument("--workers", type=int, default=os.cpu_count())
 
     train = steps.add_parser("train", help="fairseq-train one Table 1 row with the paper's hyperparameters")
     train.add_argument("--data", required=True, help="the prepare step's --out")
@@ -103,29 +99,24 @@ def main(argv=None):
     evaluate.add_argument("--data", required=True)
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--row", choices=rows.TABLE1, help="print the paper's BLEU beside ours")
-    for step in (train, evaluate):
-        step.add_argument("fairseq_args", nargs=argparse.REMAINDER, help="-- then extra fairseq flags")
+    cli.add_fairseq_passthrough(train, evaluate)
     args = parser.parse_args(argv)
 
     if args.step == "prepare":
-        raw_dir = os.path.join(args.out, "downloads") if args.download else args.raw_dir
-        if args.download:
-            download(raw_dir)
-        translation.prepare(raw_pairs(raw_dir), "en", "de", args.out, args.bpe_merges, args.workers)
+        translation.prepare(raw_pairs(cli.raw_folder(args, download)), "en", "de", args.out, args.bpe_merges,
+                            args.workers)
     elif args.step == "train":
         update_freq = max(1, math.ceil(TOKENS_PER_UPDATE_GPUS / args.gpus))
         translation.train(os.path.join(args.data, "bin"), args.save_dir, args.arch, rows.TABLE1[args.row],
-                          HYPERPARAMETERS + ["--update-freq", str(update_freq)], extra_args(args))
+                          HYPERPARAMETERS + ["--update-freq", str(update_freq)], cli.fairseq_passthrough(args))
     else:
         scores = translation.translate_and_score(args.data, args.checkpoint, "en", "de", GENERATE,
-                                                 os.path.splitext(args.checkpoint)[0] + ".test", extra_args(args))
+                                                 os.path.splitext(args.checkpoint)[0] + ".test",
+                                                 cli.fairseq_passthrough(args))
         if args.row:
             scores["paper_bleu"] = rows.TABLE1_BLEU[args.row]
         print(json.dumps(scores, indent=1))
 
-
-def extra_args(args):
-    return [a for a in args.fairseq_args if a != "--"]
 
 
 if __name__ == "__main__":

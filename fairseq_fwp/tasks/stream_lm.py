@@ -35,6 +35,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from ..models.fwp_config import ON_OFF
 from ..modules.fast_weight_attention import FastWeightAttention
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ logger = logging.getLogger(__name__)
 class StreamLanguageModelingConfig(FairseqDataclass):
     data: Optional[str] = field(default=None, metadata={"help": "path to data directory (fairseq-preprocess --only-source)"})
     tokens_per_sample: int = field(default=256, metadata={"help": "segment length: tokens per stream per batch"})
-    fwp_carry_over: ChoiceEnum(["on", "off"]) = field(
+    fwp_carry_over: ChoiceEnum(ON_OFF) = field(
         default="on", metadata={"help": "carry each layer's fast weights into the next segment of the stream "
                                          "(off: every segment starts from zero, the Table 4 baseline)"})
     max_target_positions: Optional[int] = II("task.tokens_per_sample")
