@@ -9,8 +9,10 @@ Activation memory kept for backward (per batch row and head):
 - sum rule: the inputs only (q, k, v and the initial state); chunk states are
   recomputed by one cumulative sum in the backward pass.
 - delta rule: the inputs, one ``D x Dv`` state per chunk (``ceil(T/C)`` of
-  them) and the ``C x C`` inverse of each chunk's triangular system
-  (``T x C`` numbers). No per-time-step fast weight is ever stored.
+  them), three ``C x C`` matrices per chunk (the inverse of the triangular
+  system, ``tril(Q K^T)`` and ``K K^T``: ``T x C`` numbers each) and the WY
+  factors ``Wk`` and ``U`` (the size of k and v). No per-time-step fast
+  weight is ever stored.
 """
 import torch
 import torch.nn.functional as F
@@ -143,14 +145,15 @@ def _delta_chunk_factors(K, V, beta):
     Within a chunk the delta rule writes S_end = S0 + K^T U with pseudo-values
     U = Uv - Wk S0, where [Wk | Uv] solves the unit lower-triangular system
     (I + strictly_lower(diag(beta) K K^T)) [Wk | Uv] = diag(beta) [K | V].
-    Returns (Tinv, Wk, Uv) with Tinv the inverse of that system's matrix.
+    Returns (Tinv, Wk, Uv, KKt) with Tinv the inverse of that system's matrix
+    and KKt = K K^T, which the backward needs again.
     """
-    Kb = K * beta.unsqueeze(-1)
-    M = (Kb @ _t(K)).tril_(-1)
+    KKt = K @ _t(K)
+    M = (KKt * beta.unsqueeze(-1)).tril_(-1)
     M.diagonal(dim1=-2, dim2=-1).fill_(1)
     eye = torch.eye(K.shape[-2], dtype=K.dtype, device=K.device).expand_as(M)
     Tinv = torch.linalg.solve_triangular(M, eye, upper=False, unitriangular=True)
-    return Tinv, Tinv @ Kb, Tinv @ (V * beta.unsqueeze(-1))
+    return Tinv, Tinv @ (K * beta.unsqueeze(-1)), Tinv @ (V * beta.unsqueeze(-1)), KKt
 
 
 class _DeltaRuleChunked(torch.autograd.Function):
@@ -167,7 +170,7 @@ class _DeltaRuleChunked(torch.autograd.Function):
         T = q.shape[2]
         Q, K, V = (_to_chunks(x, chunk) for x in (q, k, v))
         b = _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1)
-        Tinv, Wk, Uv = _delta_chunk_factors(K, V, b)
+        Tinv, Wk, Uv, KKt = _delta_chunk_factors(K, V, b)
         # Only the chunk-start states are sequential: S_{n+1} = S_n + K_n^T U_n.
         S, ends, U = S0, [], torch.empty_like(Uv)
         for n in range(Q.shape[2]):
@@ -183,13 +186,13 @@ class _DeltaRuleChunked(torch.autograd.Function):
         out = A @ U
         if S_start is not None:
             _add_matmul_(out, Q, S_start)
-        ctx.save_for_backward(q, k, v, beta, S_start, Tinv, Wk, U, A)
+        ctx.save_for_backward(q, k, v, beta, S_start, Tinv, Wk, U, A, KKt)
         ctx.chunk = chunk
         return _from_chunks(out, T), S
 
     @staticmethod
     def backward(ctx, d_out, dS_final):
-        q, k, v, beta, S_start, Tinv, Wk, U, A = ctx.saved_tensors
+        q, k, v, beta, S_start, Tinv, Wk, U, A, KKt = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
         d_out = torch.zeros_like(v) if d_out is None else d_out
         Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out))
@@ -220,7 +223,7 @@ class _DeltaRuleChunked(torch.autograd.Function):
         if dS_end is not None:
             _add_matmul_(dK, U, _t(dS_end))
         _add_matmul_(dK, P + _t(P), K)
-        db = dM.mul_(K @ _t(K)).sum(-1)
+        db = dM.mul_(KKt).sum(-1)
         db += (dR_v * V).sum(-1)
         if S_start is not None:  # the terms through S_start (zero for a lone chunk from zero)
             _add_matmul_(dQ, dO, _t(S_start))
@@ -270,7 +273,7 @@ def fast_weight_delta_state_chunked(k, v, beta, state, chunk_size=None):
     """
     chunk = min(chunk_size or default_chunk_size(k.shape[-1]), k.shape[2])
     K, V = _to_chunks(k, chunk), _to_chunks(v, chunk)
-    _, Wk, Uv = _delta_chunk_factors(K, V, _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1))
+    _, Wk, Uv, _ = _delta_chunk_factors(K, V, _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1))
     S = None if state is None else _t(state)
     for n in range(K.shape[2]):
         U = Uv[:, :, n] if S is None else Uv[:, :, n] - Wk[:, :, n] @ S

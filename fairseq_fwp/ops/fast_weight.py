@@ -141,7 +141,7 @@ def fast_weight_delta(q, k, v, beta, state=None, *, backend="auto"):
 
     Activation memory kept for backward: ``reference`` one ``Dv x D`` state per
     step (testing only); ``chunked`` the inputs, one ``D x Dv`` state per chunk
-    of C tokens (C = 32 for D <= 32, else 64), two ``C x C`` matrices per
+    of C tokens (C = 32 for D <= 32, else 64), three ``C x C`` matrices per
     chunk, and two tensors the size of k and v (the WY factors); ``cuda`` the
     inputs, one ``Dv x D`` state per 16 steps and the pseudo-values
     ``beta_t (v_t - vbar_t)`` (the size of v).
