@@ -17,6 +17,7 @@ the delta rule, the pseudo-values ``u_t = beta_t (v_t - vbar_t)`` (the size
 of v). No per-step fast weight: the backward rebuilds ``W_{t-1}`` from the
 chunk's checkpoint.
 """
+import logging
 import os
 import warnings
 
@@ -24,6 +25,7 @@ import torch
 
 from .errors import BackendUnavailableError
 
+logger = logging.getLogger(__name__)
 CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
 CHUNK = 16  # steps between checkpoints: the backward replays up to CHUNK - 1 writes per step
 MAX_FEATURES = 512  # csrc/fast_weight.h kMaxFeatures: registers per lane grow with D
@@ -61,6 +63,8 @@ def _jit_build():
         sources.append(os.path.join(CSRC_DIR, "fast_weight_cuda.cu"))
         flags.append("-DFWP_WITH_CUDA")
     _ensure_ninja_on_path()
+    logger.info("building the fast-weight extension from %s (%s; once per machine, about a minute)",
+                CSRC_DIR, "CUDA kernels and CPU twin" if with_cuda else "CPU twin only")
     return cpp_extension.load(
         name="fairseq_fwp_kernels_cuda" if with_cuda else "fairseq_fwp_kernels_cpu",
         sources=sources, extra_cflags=flags, extra_cuda_cflags=["-O3", "-std=c++17"],
