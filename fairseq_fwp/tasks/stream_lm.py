@@ -9,7 +9,9 @@ i + 1 continues row r of batch i. With `--fwp-carry-over on` every causal
 fast-weight layer starts a segment from the state (W, and z where used) that
 ended the previous segment of the same stream, detached (truncated
 backpropagation). The state is reset at the start of every epoch and of every
-validation pass; `fairseq-eval-lm` starts from a fresh model.
+validation pass; `fairseq-eval-lm` starts from a fresh model. It is not part
+of a checkpoint: a run resumed in the middle of an epoch continues its
+streams from a zero state.
 
 Every token of a split is a target exactly once: stream inputs are the tokens
 shifted right behind one </s>, so the first token of a stream is predicted
