@@ -217,7 +217,18 @@ def test_plot_draws_the_figures(sweep_logs, tmp_path):
         coloured = (image.max(-1) - image.min(-1) > 0.3).mean()  # the data lines (axes and text are grey)
         assert drawn > 0.02 and coloured > 3e-4, (name, drawn, coloured)
     summary = (tmp_path / "summary.md").read_text()
-    assert "largest S solved" in summary and "DPFP-1 delta (ours)" in summary
+    assert "largest S solved" in summary and "DPFP-1 delta (ours)" in summary and "| S | dpfp1 |" in summary
+
+
+def test_delta_vs_sum_table_divides_the_best_losses_of_matching_runs():
+    def run(*losses):
+        return [{"eval_loss": loss} for loss in losses]
+    runs = {(2, "sum-dpfp1", 20): run(0.3, 0.2), (2, "delta-dpfp1", 20): run(0.1, 0.001, 0.002),
+            (2, "sum-linear", 20): run(0.5), (2, "delta-linear", 40): run(0.01), (2, "sum-linear", 40): run(0.4),
+            (2, "gated-dpfp1", 20): run(0.4), (1, "sum-dpfp1", 20): run(0.3)}
+    assert plot.delta_vs_sum_table(runs)[2:] == ["| S | linear | dpfp1 |", "|---|---|---|",
+                                                  "| 20 |  | 200x |", "| 40 | 40x |  |"]
+    assert plot.delta_vs_sum_table({(2, "sum-dpfp1", 20): run(0.3)}) == []
 
 
 @pytest.mark.parametrize("flag, value", [("--models", "sum-tanh"), ("--models", "attention"), ("--sizes", "1:9:2"),

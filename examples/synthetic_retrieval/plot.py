@@ -12,7 +12,9 @@ Writes, for whatever finished runs the log directory holds:
 - ``figure5_update_rules.png``: setting 2, best evaluation loss against S,
   log scale (Figure 5).
 - ``summary.md``: the largest S solved per model (setting 1, with the
-  authors' numbers) and the best loss per model and S (setting 2).
+  authors' numbers), the best loss per model and S (setting 2), and how many
+  times lower the delta rule's best loss is than the sum rule's, per phi
+  and S (setting 2; the issue's goal is >= 10x at every S <= 100).
 """
 import argparse
 import os
@@ -108,6 +110,22 @@ def setting2_table(runs):
     return lines
 
 
+def delta_vs_sum_table(runs, setting=2):
+    """Markdown: sum-rule best loss / delta-rule best loss per S (rows) and phi (columns)."""
+    phis = sorted({parse_model_name(m)[1] for m in models_of(runs, setting, ("delta",))}
+                  & {parse_model_name(m)[1] for m in models_of(runs, setting, ("sum",))}, key=PHI_ORDER.index)
+    if not phis:
+        return []
+    lines = [f"## Setting {setting}: sum-rule loss / delta-rule loss (how many times lower the delta rule is)", "",
+             "| S | " + " | ".join(phis) + " |", "|---" * (len(phis) + 1) + "|"]
+    for S in sorted({S for (s, _, S) in runs if s == setting}):
+        pairs = [(runs.get((setting, f"sum-{phi}", S)), runs.get((setting, f"delta-{phi}", S))) for phi in phis]
+        cells = [f"{best_loss(sum_rows) / best_loss(delta_rows):.0f}x" if sum_rows and delta_rows else ""
+                 for sum_rows, delta_rows in pairs]
+        lines.append(f"| {S} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--logs", required=True, help="the sweep's --out directory")
@@ -137,7 +155,7 @@ def main(argv=None):
     if models_of(runs, 1):
         tables += setting1_table(runs) + [""]
     if models_of(runs, 2):
-        tables += setting2_table(runs) + [""]
+        tables += setting2_table(runs) + [""] + delta_vs_sum_table(runs) + [""]
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write("\n".join(tables))
     print("\n".join(tables))
