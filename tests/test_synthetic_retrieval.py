@@ -224,10 +224,10 @@ def test_delta_vs_sum_table_divides_the_best_losses_of_matching_runs():
     def run(*losses):
         return [{"eval_loss": loss} for loss in losses]
     runs = {(2, "sum-dpfp1", 20): run(0.3, 0.2), (2, "delta-dpfp1", 20): run(0.1, 0.001, 0.002),
-            (2, "sum-linear", 20): run(0.5), (2, "delta-linear", 40): run(0.01), (2, "sum-linear", 40): run(0.4),
+            (2, "sum-linear", 20): run(0.5), (2, "delta-linear", 40): run(0.12), (2, "sum-linear", 40): run(0.4),
             (2, "gated-dpfp1", 20): run(0.4), (1, "sum-dpfp1", 20): run(0.3)}
     assert plot.delta_vs_sum_table(runs)[2:] == ["| S | linear | dpfp1 |", "|---|---|---|",
-                                                  "| 20 |  | 200x |", "| 40 | 40x |  |"]
+                                                  "| 20 |  | 200x |", "| 40 | 3.3x |  |"]
     assert plot.delta_vs_sum_table({(2, "sum-dpfp1", 20): run(0.3)}) == []
 
 

@@ -110,6 +110,10 @@ def setting2_table(runs):
     return lines
 
 
+def ratio_text(ratio):
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.1f}x"  # a decimal where it decides against 10x
+
+
 def delta_vs_sum_table(runs, setting=2):
     """Markdown: sum-rule best loss / delta-rule best loss per S (rows) and phi (columns)."""
     phis = sorted({parse_model_name(m)[1] for m in models_of(runs, setting, ("delta",))}
@@ -120,7 +124,7 @@ def delta_vs_sum_table(runs, setting=2):
              "| S | " + " | ".join(phis) + " |", "|---" * (len(phis) + 1) + "|"]
     for S in sorted({S for (s, _, S) in runs if s == setting}):
         pairs = [(runs.get((setting, f"sum-{phi}", S)), runs.get((setting, f"delta-{phi}", S))) for phi in phis]
-        cells = [f"{best_loss(sum_rows) / best_loss(delta_rows):.0f}x" if sum_rows and delta_rows else ""
+        cells = [ratio_text(best_loss(sum_rows) / best_loss(delta_rows)) if sum_rows and delta_rows else ""
                  for sum_rows, delta_rows in pairs]
         lines.append(f"| {S} | " + " | ".join(cells) + " |")
     return lines
