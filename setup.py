@@ -68,6 +68,8 @@ setup(
             "fairseq==0.12.2; python_version < '3.11'",
             "fairseq-fixed==0.12.3.1; python_version >= '3.11'",
         ],
+        # backend="fla": flash-linear-attention's Triton kernels, for GPUs.
+        "gpu": ["fla-core>=0.6", "triton>=3.3"],
         "test": ["pytest"],
     },
 )

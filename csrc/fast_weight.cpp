@@ -157,6 +157,13 @@ std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const
           delta ? dbeta_tiles.sum(0).to(input_type) : at::Tensor(), dW0};
 }
 
+// Dynamic shared memory (bytes) that the forward and the backward launch ask
+// for: the caller compares it with the device's limit before choosing the kernels.
+std::vector<int64_t> shared_memory_bytes(int64_t D, int64_t chunk, int64_t rows, int64_t acc_size) {
+  fwp::Problem p{1, 1, D, rows, chunk, rows, true};
+  return {fwp::forward_shared_bytes(p, acc_size), fwp::backward_shared_bytes(p, acc_size)};
+}
+
 bool has_cuda_kernels() {
 #ifdef FWP_WITH_CUDA
   return true;
@@ -171,6 +178,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fairseq-fwp fast-weight kernels (CUDA) and their CPU twin";
   m.def("forward", &forward, "fast-weight forward (sum rule if beta is None, else delta rule)");
   m.def("backward", &backward, "fast-weight backward");
+  m.def("shared_memory_bytes", &shared_memory_bytes,
+        "(forward, backward) dynamic shared memory of one launch, in bytes", py::arg("D"), py::arg("chunk"),
+        py::arg("rows"), py::arg("acc_size"));
   m.def("has_cuda_kernels", &has_cuda_kernels, "whether this build has the CUDA kernels");
   m.attr("max_features") = fwp::kMaxFeatures;
 }

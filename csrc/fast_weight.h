@@ -38,6 +38,28 @@ constexpr int64_t kMaxFeatures = 512;
 FWP_HOST_DEVICE inline int64_t num_chunks(const Problem& p) { return (p.T + p.chunk - 1) / p.chunk; }
 FWP_HOST_DEVICE inline int64_t num_tiles(const Problem& p) { return (p.Dv + p.rows - 1) / p.rows; }
 
+// On the GPU each row of W is one warp; each lane holds E features, E =
+// ceil(D / 32) rounded up to a power of two (one kernel instantiation per E).
+constexpr int64_t kWarpSize = 32;
+inline int64_t features_per_lane(int64_t D) {
+  int64_t E = 1;
+  while (E * kWarpSize < D) E *= 2;
+  return E;
+}
+
+// Dynamic shared memory of one thread block in bytes (acc_size: the size of
+// the accumulation type). The forward stages k and q for a chunk of steps;
+// the backward also keeps two row buffers per warp and the tile's per-step
+// partial sums. The launchers and fairseq_fwp/ops/cuda.py (through the
+// extension) read these, so the limit check and the launch agree.
+inline int64_t forward_shared_bytes(const Problem& p, int64_t acc_size) {
+  return 2 * p.chunk * kWarpSize * features_per_lane(p.D) * acc_size;
+}
+inline int64_t backward_shared_bytes(const Problem& p, int64_t acc_size) {
+  const int64_t padded = kWarpSize * features_per_lane(p.D);
+  return (2 * p.chunk * padded + 2 * p.rows * padded + p.rows * p.chunk + p.rows) * acc_size;
+}
+
 // Forward buffers. `scalar` tensors have the input dtype; `acc` tensors are
 // float32 (float64 for float64 inputs). checkpoints [BH, ceil(T/chunk), Dv, D]
 // and u [BH, T, Dv] (the delta rule's pseudo-values beta_t (v_t - vbar_t)) are

@@ -28,7 +28,7 @@
 namespace fwp {
 namespace {
 
-constexpr int kWarp = 32;
+constexpr int kWarp = static_cast<int>(kWarpSize);
 
 template <typename scalar_t> struct AccumulatorOf { using type = float; };
 template <> struct AccumulatorOf<double> { using type = double; };
@@ -290,7 +290,7 @@ struct ForwardLaunch {
   template <typename scalar_t, int E, bool DELTA>
   cudaError_t run() const {
     using acc_t = typename AccumulatorOf<scalar_t>::type;
-    const size_t shared = 2 * p.chunk * kWarp * E * sizeof(acc_t);
+    const size_t shared = static_cast<size_t>(forward_shared_bytes(p, sizeof(acc_t)));
     auto kernel = forward_kernel<scalar_t, E, DELTA>;
     const cudaError_t err = allow_shared_memory(kernel, shared);
     if (err != cudaSuccess) return err;
@@ -306,7 +306,7 @@ struct BackwardLaunch {
   template <typename scalar_t, int E, bool DELTA>
   cudaError_t run() const {
     using acc_t = typename AccumulatorOf<scalar_t>::type;
-    const size_t shared = (2 * p.chunk * kWarp * E + 2 * p.rows * kWarp * E + p.rows * p.chunk + p.rows) * sizeof(acc_t);
+    const size_t shared = static_cast<size_t>(backward_shared_bytes(p, sizeof(acc_t)));
     auto kernel = backward_kernel<scalar_t, E, DELTA>;
     const cudaError_t err = allow_shared_memory(kernel, shared);
     if (err != cudaSuccess) return err;

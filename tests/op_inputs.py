@@ -27,12 +27,12 @@ def run_op(rule, inputs, backend):
 
 
 def outputs_and_grads(rule, inputs, backend, seed=1):
-    """Output, final state and fresh gradients of a random loss on both."""
+    """Output, final state and fresh gradients of a random loss on both (to the inputs that need them)."""
     out, W = run_op(rule, inputs, backend)
     g = torch.Generator().manual_seed(seed)
     w_out = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device)
     w_state = torch.randn(W.shape, generator=g, dtype=W.dtype).to(W.device)
     loss = (out * w_out).sum() + (W * w_state).sum()
-    wrt = [x for x in inputs if x is not None and (rule == "delta" or x is not inputs[3])]
+    wrt = [x for x in inputs if x is not None and x.requires_grad and (rule == "delta" or x is not inputs[3])]
     grads = torch.autograd.grad(loss, wrt)
     return [out.detach(), W.detach()] + list(grads)

@@ -119,6 +119,23 @@ def test_cuda_backend_refuses_cpu_tensors_with_a_clear_message():
         fast_weight_sum(q, k, v, backend="cuda")
 
 
+def test_shared_memory_a_launch_needs(extension):
+    """At D in (256, 512] (16 features per lane, 4 rows per tile) the backward needs
+    80.3 KiB of shared memory for float32 and half types, 160.5 KiB for float64."""
+    assert extension.shared_memory_bytes(512, C, 4, 4) == [65536, 82192]
+    assert extension.shared_memory_bytes(512, C, 4, 8) == [131072, 164384]
+    assert extension.shared_memory_bytes(64, C, 8, 4) == [8192, 12832]
+
+
+def test_launches_above_the_device_limits_do_not_fit(extension):
+    assert kernels.launch_fits(extension, 512, 64, torch.float32, limit=227 * 1024)  # H100
+    assert kernels.launch_fits(extension, 512, 64, torch.float64, limit=227 * 1024)
+    assert not kernels.launch_fits(extension, 512, 64, torch.float64, limit=99 * 1024)  # e.g. sm_86
+    assert not kernels.launch_fits(extension, 512, 64, torch.float32, limit=64 * 1024)  # e.g. sm_75
+    assert kernels.launch_fits(extension, 256, 64, torch.float32, limit=64 * 1024)
+    assert not kernels.launch_fits(extension, extension.max_features + 1, 64, torch.float32, limit=1 << 30)
+
+
 NVCC = shutil.which("nvcc")
 CU_FILES = sorted((Path(kernels.CSRC_DIR)).glob("*.cu"))
 
@@ -174,8 +191,26 @@ def test_gpu_kernels_half_types(rule, dtype):
 
 @GPU
 @pytest.mark.parametrize("rule", RULES)
-def test_gpu_kernels_are_deterministic_and_auto_uses_them(rule):
+def test_gpu_kernels_are_deterministic(rule):
     inputs = to_cuda(make_inputs(2, 2, 5 * C + 3, 512, 33, dtype=torch.float32))
     first = outputs_and_grads(rule, inputs, "cuda")
-    second = outputs_and_grads(rule, inputs, "auto")
+    second = outputs_and_grads(rule, inputs, "cuda")
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@GPU
+def test_gpu_auto_does_not_choose_the_kernels_before_their_gpu_check():
+    from fairseq_fwp.ops.fast_weight import resolve_backend
+
+    for D in (64, 512):
+        assert resolve_backend("auto", torch.rand(1, 1, 4, D, device="cuda"), 64) != "cuda"
+
+
+@GPU
+@pytest.mark.parametrize("rule", RULES)
+def test_gpu_a_launch_above_the_shared_memory_limit_falls_back(rule, monkeypatch):
+    monkeypatch.setattr(kernels, "device_shared_memory_limit", lambda device: 64 * 1024)
+    inputs = to_cuda(make_inputs(1, 2, C + 3, 512, 8, dtype=torch.float32))
+    with pytest.warns(UserWarning, match="cannot launch.*chunked"):
+        got = outputs_and_grads(rule, inputs, "cuda")
+    assert_all_close(got, outputs_and_grads(rule, inputs, "chunked"), rtol=1e-5, atol=1e-5)

@@ -129,6 +129,26 @@ def test_half_inputs_accumulate_in_float32(rule, dtype):
     assert out2.dtype == dtype and torch.isfinite(out2.float()).all()
 
 
+@pytest.mark.parametrize("backend", ["reference"] + FAST_BACKENDS)
+@pytest.mark.parametrize("rule", RULES)
+def test_mixed_dtypes_are_computed_in_the_widest(backend, rule):
+    """Under autocast phi(q), phi(k) can be float32 beside float16 values and beta:
+    computed as if every input had the widest dtype, which the output keeps."""
+    q, k, v, beta, W0 = make_inputs(1, 2, C + 3, 8, 6, dtype=torch.float32)
+    v16, beta16 = (x.detach().half().requires_grad_() for x in (v, beta))
+    out, W = run_op(rule, [q, k, v16, beta16, W0], backend)
+    want_out, want_W = run_op(rule, [q, k, v16.float(), beta16.float(), W0], "reference")
+    assert out.dtype == torch.float32 and W.dtype == torch.float32
+    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(W, want_W, rtol=1e-4, atol=1e-4)
+    used = [v16, beta16] if rule == "delta" else [v16]
+    grads = torch.autograd.grad(out.sum() + W.sum(), used)
+    assert [g.dtype for g in grads] == [torch.float16] * len(used)
+    # bfloat16 beside float16 has no common half type: float32
+    out, _ = run_op(rule, [x.detach().bfloat16() for x in (q, k)] + [v16.detach(), beta16.detach(), None], backend)
+    assert out.dtype == torch.float32
+
+
 @pytest.mark.parametrize("rule", RULES)
 def test_zero_length_sequence_keeps_state(rule):
     q, k, v, beta, W0 = make_inputs(2, 1, 0, 4, 3)
@@ -160,9 +180,9 @@ def test_delta_with_beta_one_replaces_the_value():
 
 def test_unknown_backend_lists_choices():
     q, k, v, beta, _ = make_inputs(1, 1, 3, 2, 2)
-    with pytest.raises(ValueError, match="backend must be one of auto, reference, chunked, cuda"):
+    with pytest.raises(ValueError, match="backend must be one of auto, reference, chunked, cuda, fla"):
         fast_weight_sum(q, k, v, backend="fast")
-    assert BACKENDS == ("auto", "reference", "chunked", "cuda")
+    assert BACKENDS == ("auto", "reference", "chunked", "cuda", "fla")
 
 
 def test_cuda_backend_unavailable_says_what_to_do():
@@ -181,7 +201,7 @@ def test_cuda_backend_unavailable_says_what_to_do():
         (dict(beta=torch.zeros(1, 2, 5)), "beta"),
         (dict(state=torch.zeros(1, 2, 3, 7)), "state"),
         (dict(k=torch.zeros(1, 2, 4, 3, dtype=torch.int64)), "k"),
-        (dict(k=torch.zeros(1, 2, 4, 3, dtype=torch.float64)), "k"),
+        (dict(beta=torch.zeros(1, 2, 4, dtype=torch.int64)), "beta"),
     ],
 )
 def test_bad_shapes_name_the_tensor(bad, name):

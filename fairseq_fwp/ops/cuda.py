@@ -28,7 +28,6 @@ from .errors import BackendUnavailableError
 logger = logging.getLogger(__name__)
 CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
 CHUNK = 16  # steps between checkpoints: the backward replays up to CHUNK - 1 writes per step
-MAX_FEATURES = 512  # csrc/fast_weight.h kMaxFeatures: registers per lane grow with D
 
 _extension = None
 
@@ -93,22 +92,46 @@ def load_extension():
     return _extension
 
 
-def kernels_usable(q):
-    """Whether backend="cuda" can run on q: a CUDA tensor, D <= 512, an extension with CUDA kernels.
+def device_shared_memory_limit(device):
+    """Largest dynamic shared memory one thread block may opt in to, in bytes (48 KiB if unknown)."""
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 48 * 1024)
 
-    A failed build is reported once as a warning, and the caller falls back.
+
+def launch_fits(extension, D, Dv, dtype, limit):
+    """Whether a forward and a backward launch for feature size D fit `limit` bytes of shared memory.
+
+    The backward needs the most: at D in (256, 512], 80.3 KiB for float32
+    (and half types) and 160.5 KiB for float64 (csrc/fast_weight.h).
+    """
+    acc_size = 8 if dtype == torch.float64 else 4
+    return D <= extension.max_features and max(extension.shared_memory_bytes(D, CHUNK, _rows_per_tile(D, Dv), acc_size)) <= limit
+
+
+def kernels_usable(q, Dv):
+    """Whether backend="cuda" can launch on q with values of size Dv.
+
+    False (with a warning, shown once per call site) when the extension has
+    no CUDA kernels or fails to build, or when D or the shared memory a
+    launch needs is above the device's limits; the caller falls back.
     """
     if not q.is_cuda:
         return False
-    if q.shape[-1] > MAX_FEATURES:
-        warnings.warn(f"feature size D = {q.shape[-1]} is above the CUDA kernels' {MAX_FEATURES}: "
-                      "using backend='chunked'", stacklevel=3)  # shown once per call site
-        return False
     try:
-        return load_extension().has_cuda_kernels()
+        extension = load_extension()
     except BackendUnavailableError as err:
         warnings.warn(f"{err} Falling back to backend='chunked'.", stacklevel=3)
         return False
+    if not extension.has_cuda_kernels():
+        warnings.warn("the fast-weight extension was built without CUDA kernels: using backend='chunked'",
+                      stacklevel=3)
+        return False
+    limit = device_shared_memory_limit(q.device)
+    if not launch_fits(extension, q.shape[-1], Dv, q.dtype, limit):
+        warnings.warn(f"the CUDA kernels cannot launch for D = {q.shape[-1]} and {q.dtype} on this device "
+                      f"(D <= {extension.max_features} and {limit} bytes of shared memory per block): using "
+                      "backend='chunked'", stacklevel=3)
+        return False
+    return True
 
 
 class _FastWeightKernel(torch.autograd.Function):
@@ -134,8 +157,6 @@ class _FastWeightKernel(torch.autograd.Function):
 
 def _apply(q, k, v, beta, state, chunk):
     D, Dv = q.shape[-1], v.shape[-1]
-    if q.is_cuda and D > MAX_FEATURES:
-        raise ValueError(f"q has feature size D = {D}; the CUDA kernels take D <= {MAX_FEATURES}")
     tensors = [x.contiguous() for x in (q, k, v)]
     beta = None if beta is None else beta.contiguous()
     if state is None:

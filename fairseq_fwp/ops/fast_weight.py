@@ -2,52 +2,60 @@
 
 Both ops take already feature-mapped queries and keys and apply no
 normalisation: see SPEC.md and the paper's Eqs. 17/11 (sum) and 20/24/25
-(delta). Half-precision inputs are computed in float32 (the CUDA kernels read
-them as they are and accumulate in float32) and the output is returned in the
-input dtype; the returned state stays in the accumulation
+(delta). Half-precision inputs are computed in float32 (the cuda and fla
+kernels read them as they are and accumulate in float32) and the output is
+returned in the input dtype; the returned state stays in the accumulation
 dtype (float32, or float64 for float64 inputs) so that carried state does
-not lose precision from one segment to the next.
+not lose precision from one segment to the next. Inputs of mixed floating
+dtypes (float32 features beside float16 values, as autocast makes them) are
+computed as if all had the widest of them, which is also the output's dtype.
 """
 import torch
 
-from . import chunked, cuda, reference
+from . import chunked, cuda, fla, reference
 from .errors import BackendUnavailableError
 from .validation import check_inputs
 
-BACKENDS = ("auto", "reference", "chunked", "cuda")
+BACKENDS = ("auto", "reference", "chunked", "cuda", "fla")
 
 # (sum rule, delta rule) of each backend. reference and chunked compute in
-# the accumulation dtype; cuda reads half types itself.
+# the accumulation dtype; cuda and fla read half types themselves.
 _IMPLEMENTATIONS = {
     "reference": (reference.fast_weight_sum_reference, reference.fast_weight_delta_reference),
     "chunked": (chunked.fast_weight_sum_chunked, chunked.fast_weight_delta_chunked),
     "cuda": (cuda.fast_weight_sum_kernel, cuda.fast_weight_delta_kernel),
+    "fla": (fla.fast_weight_sum_fla, fla.fast_weight_delta_fla),
 }
-
 
 # Final state only: (sum rule, delta rule) of each backend.
 _STATE_IMPLEMENTATIONS = {
     "reference": (reference.fast_weight_sum_state_reference, reference.fast_weight_delta_state_reference),
     "chunked": (chunked.fast_weight_sum_state_chunked, chunked.fast_weight_delta_state_chunked),
     "cuda": (cuda.fast_weight_sum_state_kernel, cuda.fast_weight_delta_state_kernel),
+    "fla": (fla.fast_weight_sum_state_fla, fla.fast_weight_delta_state_fla),
 }
+_READS_HALF_TYPES = ("cuda", "fla")
 
 
-def resolve_backend(backend, q):
-    """Map a backend name (possibly "auto") to the one that runs on q."""
+def resolve_backend(backend, q, Dv):
+    """Map a backend name (possibly "auto") to the one that runs on q (values of size Dv)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if backend == "auto":
+        # Only what has been run and verified on q's kind of device: fla's
+        # kernels on GPUs (where they fit), the pure-torch chunked form
+        # everywhere. The csrc kernels join once the GPU check
+        # (scripts/gpu_check.sh) has passed on a GPU.
+        return "fla" if fla.kernels_usable(q) else "chunked"
     if backend == "cuda":
         if not q.is_cuda:
             raise BackendUnavailableError(
                 f"backend 'cuda' runs on CUDA tensors, but q is on {q.device}; "
                 "use backend='chunked' (or 'auto') on the CPU")
         cuda.load_extension()  # raises, saying what is missing
-        return backend
-    if backend == "auto":
-        # On GPUs the kernels (one launch per pass, no per-chunk Python loop);
-        # elsewhere, or where they cannot run, the chunkwise form.
-        return "cuda" if cuda.kernels_usable(q) else "chunked"
+        return "cuda" if cuda.kernels_usable(q, Dv) else "chunked"  # kernels_usable warns
+    if backend == "fla":
+        fla.check_usable(q)  # raises, saying why
     return backend
 
 
@@ -56,32 +64,47 @@ def accumulation_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _common_dtype(*tensors):
+    """Mixed floating inputs (e.g. float32 features and float16 values under autocast) are
+    computed in the widest of their dtypes; None entries stay None."""
+    dtype = tensors[0].dtype
+    for x in tensors[1:]:
+        if x is not None:
+            dtype = torch.promote_types(dtype, x.dtype)
+    return dtype, [None if x is None else x.to(dtype) for x in tensors]
+
+
+def _prepare(q, k, v, beta, state, backend):
+    """Checks the inputs and picks the backend. Returns (backend, [q, k, v, beta] in the dtype
+    it computes in, the state in the accumulation dtype or None, the inputs' common dtype)."""
+    check_inputs(q, k, v, beta, state)
+    dtype, inputs = _common_dtype(q, k, v, beta)
+    name = resolve_backend(backend, inputs[0], v.shape[-1])
+    acc = accumulation_dtype(dtype)
+    if name not in _READS_HALF_TYPES:
+        inputs = [None if x is None else x.to(acc) for x in inputs]
+    return name, inputs, None if state is None else state.to(acc), dtype  # None: zeros, which backends skip
+
+
+def _zero_state(k, v, dtype):
+    return k.new_zeros(*k.shape[:2], v.shape[-1], k.shape[-1], dtype=accumulation_dtype(dtype))
+
+
 def _run(rule_index, q, k, v, beta, state, backend):
-    B, H, T, D, Dv = check_inputs(q, k, v, beta, state)
-    name = resolve_backend(backend, q)
-    acc = accumulation_dtype(q.dtype)
-    state = None if state is None else state.to(acc)  # None: zeros, which backends can skip
-    if T == 0:
-        return q.new_zeros(B, H, 0, Dv), q.new_zeros(B, H, Dv, D, dtype=acc) if state is None else state
+    name, (q, k, v, beta), state, dtype = _prepare(q, k, v, beta, state, backend)
+    if q.shape[2] == 0:
+        return v.new_zeros(v.shape, dtype=dtype), _zero_state(k, v, dtype) if state is None else state
     betas = () if beta is None else (beta,)
-    if name == "cuda":
-        out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state)
-    else:
-        out, W = _IMPLEMENTATIONS[name][rule_index](*[x.to(acc) for x in (q, k, v) + betas], state)
-    return out.to(q.dtype), W
+    out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state)
+    return out.to(dtype), W
 
 
 def _run_state(rule_index, k, v, beta, state, backend):
-    B, H, T, D, Dv = check_inputs(k, k, v, beta, state)
-    name = resolve_backend(backend, k)
-    acc = accumulation_dtype(k.dtype)
-    state = None if state is None else state.to(acc)
-    if T == 0:
-        return k.new_zeros(B, H, Dv, D, dtype=acc) if state is None else state
-    tensors = (k, v) + (() if beta is None else (beta,))
-    if name != "cuda":
-        tensors = [x.to(acc) for x in tensors]
-    return _STATE_IMPLEMENTATIONS[name][rule_index](*tensors, state)
+    name, (_, k, v, beta), state, dtype = _prepare(k, k, v, beta, state, backend)
+    if k.shape[2] == 0:
+        return _zero_state(k, v, dtype) if state is None else state
+    betas = () if beta is None else (beta,)
+    return _STATE_IMPLEMENTATIONS[name][rule_index](k, v, *betas, state)
 
 
 def fast_weight_sum_state(k, v, state=None, *, backend="auto"):

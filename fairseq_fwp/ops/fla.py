@@ -1,0 +1,136 @@
+"""backend="fla": flash-linear-attention's Triton kernels (optional: ``pip install fla-core triton``).
+
+Which kernel runs:
+- float16/bfloat16 with T > 1: the chunkwise kernels, ``chunk_simple_gla``
+  (no gate: the sum rule) and ``chunk_delta_rule``; they take only half types;
+- float32, and every single decoding step (T = 1): the recurrent kernels,
+  ``fused_recurrent_simple_gla`` and ``fused_recurrent_delta_rule``.
+All of them accumulate in float32 and return the state in float32.
+
+Glue, the same for every kernel: fla's layout is ``[B, T, H, D]`` (ours
+``[B, H, T, D]``), its state is ``W^T`` (``[B, H, D, Dv]``), and it scales
+queries by ``scale``, which is 1 here (our ops apply no scaling). Gradients
+reach q, k, v, beta and the initial state.
+
+fla runs on CUDA tensors. On the CPU it runs only through Triton's
+interpreter (``TRITON_INTERPRET=1`` before triton is imported), which is how
+the recurrent kernels are tested on machines without a GPU; the chunkwise
+kernels need a GPU (tests/test_fla.py, scripts/gpu_check.sh).
+"""
+import functools
+import importlib
+import os
+
+import torch
+
+from .errors import BackendUnavailableError
+
+MAX_FEATURES = 256  # chunk_delta_rule's largest head size
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def kernels():
+    """fla's four entry points by (rule, form); raises BackendUnavailableError if fla is missing."""
+    try:
+        simple_gla = importlib.import_module("fla.ops.simple_gla")
+        delta_rule = importlib.import_module("fla.ops.delta_rule")
+    except ImportError as err:
+        raise BackendUnavailableError(
+            f"backend 'fla' needs flash-linear-attention ({err}): pip install fla-core triton "
+            "(or pip install -e .[gpu]); backend='chunked' works everywhere meanwhile") from err
+    return {
+        ("sum", "chunk"): simple_gla.chunk_simple_gla,
+        ("sum", "recurrent"): simple_gla.fused_recurrent_simple_gla,
+        ("delta", "chunk"): delta_rule.chunk_delta_rule,
+        ("delta", "recurrent"): delta_rule.fused_recurrent_delta_rule,
+    }
+
+
+def interpreting():
+    """Whether Triton runs kernels through its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def unfit_reason(x):
+    """Why fla cannot take x ([B, H, T, D]); None if it can (fla itself not checked)."""
+    if not (x.is_cuda or interpreting()):
+        return (f"backend 'fla' runs on CUDA tensors, but q is on {x.device} "
+                "(on the CPU only through Triton's interpreter, TRITON_INTERPRET=1)")
+    if x.dtype not in KERNEL_DTYPES:
+        return f"backend 'fla' takes float32, float16 or bfloat16, got {x.dtype}"
+    if x.shape[-1] > MAX_FEATURES:
+        return f"backend 'fla' takes feature sizes D <= {MAX_FEATURES}, got D = {x.shape[-1]}"
+    return None
+
+
+def kernels_usable(x):
+    """Whether backend="auto" may send x to fla: a CUDA tensor that fla takes, and fla installed."""
+    if not x.is_cuda or unfit_reason(x) is not None:
+        return False
+    try:
+        kernels()
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+def check_usable(x):
+    """Raises BackendUnavailableError saying why fla cannot take x."""
+    reason = unfit_reason(x)
+    if reason is not None:
+        raise BackendUnavailableError(reason + "; backend='chunked' works everywhere")
+    kernels()
+
+
+def kernel_form(dtype, T):
+    """'chunk' for half types over several steps; 'recurrent' for float32 and for one decoding step."""
+    return "chunk" if dtype in _HALF_DTYPES and T > 1 else "recurrent"
+
+
+def _initial_state(state, inputs):
+    """Our W [B, H, Dv, D] as fla's contiguous W^T.
+
+    fla copies a non-contiguous state inside its autograd Function, where the
+    copy loses requires_grad, and its recurrent backward writes a gradient
+    for every initial state it is given: a state without requires_grad
+    (carried and detached) beside inputs with it would crash that backward.
+    So the state is made contiguous here, and given requires_grad on a
+    detached alias when the inputs need gradients; that gradient is dropped.
+    """
+    if state is None:
+        return None
+    initial = state.transpose(-1, -2).contiguous()
+    if not initial.requires_grad and torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        initial = initial.detach().requires_grad_()
+    return initial
+
+
+def _run(rule, q, k, v, beta, state):
+    kernel = kernels()[rule, kernel_form(q.dtype, q.shape[2])]
+    to_fla = lambda x: x.transpose(1, 2)  # noqa: E731  [B, H, T, ...] <-> [B, T, H, ...]
+    betas = () if beta is None else (to_fla(beta),)
+    initial = _initial_state(state, [x for x in (q, k, v, beta) if x is not None])
+    out, final = kernel(to_fla(q), to_fla(k), to_fla(v), *betas, scale=1.0, initial_state=initial,
+                        output_final_state=True)
+    return to_fla(out), final.transpose(-1, -2)
+
+
+def fast_weight_sum_fla(q, k, v, state):
+    """Sum rule (Eq. 17); ``state`` W ``[B, H, Dv, D]`` in float32, or None for zeros."""
+    return _run("sum", q, k, v, None, state)
+
+
+def fast_weight_delta_fla(q, k, v, beta, state):
+    """Delta rule (Eqs. 20, 24, 25); see fast_weight_sum_fla."""
+    return _run("delta", q, k, v, beta, state)
+
+
+# fla has no state-only kernels: the full ones, with the keys as queries and the outputs dropped.
+def fast_weight_sum_state_fla(k, v, state):
+    return fast_weight_sum_fla(k, k, v, state)[1]
+
+
+def fast_weight_delta_state_fla(k, v, beta, state):
+    return fast_weight_delta_fla(k, k, v, beta, state)[1]
