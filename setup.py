@@ -53,7 +53,7 @@ setup(
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     install_requires=[
-        "torch>=2.1",
+        "torch>=2.4",  # torch.get_autocast_dtype
         "numpy",
         "sacrebleu>=2.0",
         "sacremoses",

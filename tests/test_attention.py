@@ -127,3 +127,20 @@ def test_attention_returns_no_weights_and_checks_arguments():
         FastWeightAttention(16, 4, update_rule="oja")
     with pytest.raises(ValueError, match="causal"):
         FastWeightAttention(16, 4, update_rule="delta", causal=False)
+
+
+@pytest.mark.parametrize("fm, rule, attn_norm", VARIANTS)
+def test_autocast_runs_every_variant_in_its_dtype(fm, rule, attn_norm):
+    """Under autocast the features can be float32 (sum normalisation reduces in float32)
+    while the values are bfloat16: the layer runs, in the autocast dtype, close to float32."""
+    torch.manual_seed(0)
+    attn = FastWeightAttention(32, 4, feature_map=fm, update_rule=rule,
+                               attention_normalization=attn_norm == "on").eval()
+    x = torch.randn(9, 2, 32, requires_grad=True)
+    want, _ = attn(x, x, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, _ = attn(x, x, x)
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - want).abs().max() / want.abs().max()).item() < 0.1
+    got.float().sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0

@@ -149,6 +149,20 @@ def test_mixed_dtypes_are_computed_in_the_widest(backend, rule):
     assert out.dtype == torch.float32
 
 
+@pytest.mark.parametrize("backend", ["reference"] + FAST_BACKENDS)
+@pytest.mark.parametrize("rule", RULES)
+def test_under_autocast_inputs_take_the_autocast_dtype(backend, rule):
+    """Like a matmul under autocast: inputs rounded to bfloat16, accumulated in float32."""
+    inputs = make_inputs(1, 2, C + 3, 8, 6, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, W = run_op(rule, inputs, backend)
+    rounded = [x.detach().bfloat16().float() for x in inputs[:4]] + [inputs[4].detach()]
+    want_out, want_W = run_op(rule, rounded, "reference")
+    assert out.dtype == torch.bfloat16 and W.dtype == torch.float32
+    torch.testing.assert_close(out.float(), want_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(W, want_W, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("rule", RULES)
 def test_zero_length_sequence_keeps_state(rule):
     q, k, v, beta, W0 = make_inputs(2, 1, 0, 4, 3)

@@ -8,7 +8,8 @@ returned in the input dtype; the returned state stays in the accumulation
 dtype (float32, or float64 for float64 inputs) so that carried state does
 not lose precision from one segment to the next. Inputs of mixed floating
 dtypes (float32 features beside float16 values, as autocast makes them) are
-computed as if all had the widest of them, which is also the output's dtype.
+computed as if all had the widest of them, and under autocast as if all had
+the autocast dtype; that is also the output's dtype (_compute_dtype).
 """
 import torch
 
@@ -64,26 +65,34 @@ def accumulation_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _common_dtype(*tensors):
-    """Mixed floating inputs (e.g. float32 features and float16 values under autocast) are
-    computed in the widest of their dtypes; None entries stay None."""
-    dtype = tensors[0].dtype
-    for x in tensors[1:]:
-        if x is not None:
-            dtype = torch.promote_types(dtype, x.dtype)
-    return dtype, [None if x is None else x.to(dtype) for x in tensors]
+def _compute_dtype(tensors):
+    """The dtype the inputs are computed in.
+
+    Under autocast the ops act like a matmul: float32 and half inputs are
+    taken in the autocast dtype (float64 opts out, as in torch); otherwise
+    mixed floating inputs (float32 features beside float16 values) are
+    computed in the widest of their dtypes. Either way the kernels
+    accumulate in float32 and the output has this dtype.
+    """
+    device_type = tensors[0].device.type
+    dtypes = [x.dtype for x in tensors if x is not None]
+    if torch.is_autocast_enabled(device_type) and torch.float64 not in dtypes:
+        return torch.get_autocast_dtype(device_type)
+    dtype = dtypes[0]
+    for other in dtypes[1:]:
+        dtype = torch.promote_types(dtype, other)
+    return dtype
 
 
 def _prepare(q, k, v, beta, state, backend):
     """Checks the inputs and picks the backend. Returns (backend, [q, k, v, beta] in the dtype
-    it computes in, the state in the accumulation dtype or None, the inputs' common dtype)."""
+    it computes in, the state in the accumulation dtype or None, the output dtype)."""
     check_inputs(q, k, v, beta, state)
-    dtype, inputs = _common_dtype(q, k, v, beta)
-    name = resolve_backend(backend, inputs[0], v.shape[-1])
-    acc = accumulation_dtype(dtype)
-    if name not in _READS_HALF_TYPES:
-        inputs = [None if x is None else x.to(acc) for x in inputs]
-    return name, inputs, None if state is None else state.to(acc), dtype  # None: zeros, which backends skip
+    dtype = _compute_dtype([q, k, v, beta])
+    name = resolve_backend(backend, q.to(dtype), v.shape[-1])
+    computed = dtype if name in _READS_HALF_TYPES else accumulation_dtype(dtype)
+    inputs = [None if x is None else x.to(computed) for x in (q, k, v, beta)]
+    return name, inputs, None if state is None else state.to(accumulation_dtype(dtype)), dtype
 
 
 def _zero_state(k, v, dtype):
@@ -95,7 +104,8 @@ def _run(rule_index, q, k, v, beta, state, backend):
     if q.shape[2] == 0:
         return v.new_zeros(v.shape, dtype=dtype), _zero_state(k, v, dtype) if state is None else state
     betas = () if beta is None else (beta,)
-    out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state)
+    with torch.autocast(q.device.type, enabled=False):  # the backends choose their own precision
+        out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state)
     return out.to(dtype), W
 
 
@@ -104,7 +114,8 @@ def _run_state(rule_index, k, v, beta, state, backend):
     if k.shape[2] == 0:
         return _zero_state(k, v, dtype) if state is None else state
     betas = () if beta is None else (beta,)
-    return _STATE_IMPLEMENTATIONS[name][rule_index](k, v, *betas, state)
+    with torch.autocast(k.device.type, enabled=False):
+        return _STATE_IMPLEMENTATIONS[name][rule_index](k, v, *betas, state)
 
 
 def fast_weight_sum_state(k, v, state=None, *, backend="auto"):
