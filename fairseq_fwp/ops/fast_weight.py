@@ -91,7 +91,7 @@ def _prepare(q, k, v, beta, state, backend):
     dtype = _compute_dtype([q, k, v, beta])
     name = resolve_backend(backend, q.to(dtype), v.shape[-1])
     computed = dtype if name in _READS_HALF_TYPES else accumulation_dtype(dtype)
-    inputs = [None if x is None else x.to(computed) for x in (q, k, v, beta)]
+    inputs = [None if x is None else x.to(dtype).to(computed) for x in (q, k, v, beta)]
     return name, inputs, None if state is None else state.to(accumulation_dtype(dtype)), dtype
 
 
