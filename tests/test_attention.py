@@ -25,19 +25,39 @@ def decoder_inputs(d, B=3, T=7, seed=1):
     return prev
 
 
-@pytest.mark.parametrize("fm, rule, attn_norm", VARIANTS)
-def test_step_by_step_decoding_equals_full_forward(fm, rule, attn_norm):
-    model, d = build_translation_model(*flags(fm, rule, attn_norm))
-    src = random_tokens(d, [5, 9, 7])
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def full_and_stepwise_decoder_outputs(model, d, device="cpu"):
+    """The decoder's output on a whole target prefix, and the same built one token at a time."""
+    src = random_tokens(d, [5, 9, 7]).to(device)
     src_lengths = src.ne(d.pad()).sum(1)
-    prev = decoder_inputs(d)
+    prev = decoder_inputs(d, T=40 if device == "cuda" else 7).to(device)
     with torch.no_grad():
         full, _ = model(src, src_lengths, prev)
         encoder_out = model.encoder(src, src_lengths=src_lengths)
         state = {}
         steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
                  for t in range(prev.shape[1])]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+    return full, torch.cat(steps, 1)
+
+
+@pytest.mark.parametrize("fm, rule, attn_norm", VARIANTS)
+def test_step_by_step_decoding_equals_full_forward(fm, rule, attn_norm):
+    full, steps = full_and_stepwise_decoder_outputs(*build_translation_model(*flags(fm, rule, attn_norm)))
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+
+
+@GPU
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_decoding_equals_full_forward(rule, dtype):
+    """On a GPU with backend auto (fla): the full forward takes the chunk kernels in bfloat16,
+    every decoding step the recurrent one."""
+    model, d = build_translation_model(*flags("dpfp", rule, "off"))
+    full, steps = full_and_stepwise_decoder_outputs(model.to("cuda", dtype), d, "cuda")
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    assert ((steps.float() - full.float()).abs().max() / full.float().abs().max()).item() < tolerance
 
 
 def test_decoder_state_has_constant_size():

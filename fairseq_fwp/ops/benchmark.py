@@ -2,8 +2,8 @@
 
     python -m fairseq_fwp.ops.benchmark                 # CPU, float32 (a few minutes on 2 cores)
     python -m fairseq_fwp.ops.benchmark --quick         # CPU, T = 256 only
-    python -m fairseq_fwp.ops.benchmark --device cuda   # GPU, bfloat16: cuda kernels vs chunked vs
-                                                        # flash SDPA (and fla's chunk_delta_rule if installed)
+    python -m fairseq_fwp.ops.benchmark --device cuda   # GPU, bfloat16: the cuda and fla backends vs
+                                                        # chunked vs flash SDPA (scripts/gpu_check.sh runs it)
 
 On the CPU every case runs in a fresh subprocess so that its peak memory (the
 growth of the process's maximum resident set over the inputs) is its own; on
@@ -30,13 +30,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import fast_weight_delta, fast_weight_sum
+from . import cuda, fast_weight_delta, fast_weight_sum, fla
 
 METHODS = ("reference-sum", "reference-delta", "chunked-sum", "chunked-delta", "softmax-sdpa")
 CONFIGS = {"B2-H4-D64": (2, 4, 64), "B1-H8-D64": (1, 8, 64)}
 REFERENCE_MAX_T = 1024
-# Issue #4's GPU table: B = 8, H = 8, D = 64 and 256, bfloat16.
-GPU_METHODS = ("cuda-sum", "cuda-delta", "chunked-sum", "chunked-delta", "softmax-sdpa", "fla-delta")
+# The GPU table: B = 8, H = 8, D = 64 and 256, bfloat16.
+GPU_METHODS = ("cuda-sum", "cuda-delta", "fla-sum", "fla-delta", "chunked-sum", "chunked-delta", "softmax-sdpa")
 GPU_CONFIGS = {"B8-H8-D64": (8, 8, 64), "B8-H8-D256": (8, 8, 256)}
 GPU_LENGTHS = (512, 2048, 8192)
 
@@ -51,20 +51,9 @@ def _inputs(B, H, T, D, device="cpu", dtype=torch.float32):
     return [x.to(device, dtype).requires_grad_() for x in (q, k, v, beta)]
 
 
-def _fla_chunk_delta_rule():
-    try:
-        from fla.ops.delta_rule import chunk_delta_rule
-    except ImportError:
-        return None
-    return chunk_delta_rule
-
-
 def _forward(method, q, k, v, beta):
     if method == "softmax-sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if method == "fla-delta":  # fla takes [B, T, H, D]; its keys are already normalised here
-        t = lambda x: x.transpose(1, 2)  # noqa: E731
-        return _fla_chunk_delta_rule()(t(q), t(k), t(v), beta.transpose(1, 2))[0]
     backend, rule = method.split("-")
     if rule == "sum":
         return fast_weight_sum(q, k, v, backend=backend)[0]
@@ -132,9 +121,11 @@ def gpu_main(lengths):
           f"{machine_description(torch.get_num_threads())}")
     print("| config | T | method | fwd (ms) | fwd+bwd (ms) | fwd peak (MB) | fwd+bwd peak (MB) |")
     print("|---|---|---|---|---|---|---|")
-    methods = [m for m in GPU_METHODS if m != "fla-delta" or _fla_chunk_delta_rule() is not None]
     results = {}
     for name, (B, H, D) in GPU_CONFIGS.items():
+        probe = torch.zeros(1, 1, 2, D, device="cuda", dtype=torch.bfloat16)
+        usable = {"cuda": cuda.kernels_usable(probe, D), "fla": fla.kernels_usable(probe)}
+        methods = [m for m in GPU_METHODS if usable.get(m.split("-")[0], True)]  # no silent fallback
         for T in lengths:
             for method in methods:
                 try:
@@ -146,13 +137,15 @@ def gpu_main(lengths):
                 results[name, T, method] = r
                 print(f"| {name} | {T} | {method} | {1e3 * r['fwd_s']:.2f} | {1e3 * r['fwd_bwd_s']:.2f} | "
                       f"{r['fwd_peak_mb']:.0f} | {r['peak_mb']:.0f} |", flush=True)
-    print("\nRatios of fwd+bwd time (higher = first method faster), same run:")
+    print("\nRatios of time (higher = first method faster), same run: fwd+bwd (fwd)")
     for (name, T, method), r in results.items():
-        if method == "cuda-delta":
-            for base in ("chunked-delta", "softmax-sdpa", "fla-delta"):
-                if (name, T, base) in results:
-                    ratio = results[name, T, base]["fwd_bwd_s"] / r["fwd_bwd_s"]
-                    print(f"  {name} T={T}: cuda-delta vs {base}: {ratio:.2f}x")
+        backend, rule = method.split("-")
+        if backend not in ("cuda", "fla"):
+            continue
+        for base in (f"chunked-{rule}", "softmax-sdpa") + (("fla-delta",) if method == "cuda-delta" else ()):
+            if (name, T, base) in results:
+                ratios = [results[name, T, base][key] / r[key] for key in ("fwd_bwd_s", "fwd_s")]
+                print(f"  {name} T={T}: {method} vs {base}: {ratios[0]:.2f}x ({ratios[1]:.2f}x)")
 
 
 KEEP_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}

@@ -8,13 +8,22 @@ BIN_DIR = os.path.dirname(sys.executable)
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _command_line(command):
+    """fairseq-<command> of this environment, or its module where fairseq is used from a source
+    tree without console scripts (the GPU check's machine: scripts/gpu_check.sh)."""
+    script = os.path.join(BIN_DIR, f"fairseq-{command}")
+    if os.path.exists(script):
+        return [script]
+    return [sys.executable, "-m", f"fairseq_cli.{command.replace('-', '_')}"]
+
+
 def fairseq(command, *args, cwd=None, echo=False, log=None):
     """Run fairseq-<command>; returns its combined output, raises with its tail on failure.
 
     echo=True prints the command line first (recipes: every step can be rerun
     by hand); log, a path, receives the output as it comes (long trainings).
     """
-    argv = [os.path.join(BIN_DIR, f"fairseq-{command}"), *map(str, args)]
+    argv = [*_command_line(command), *map(str, args)]
     if echo:
         print("+ " + shlex.join([f"fairseq-{command}", *argv[1:]]), flush=True)
     if log is None:
