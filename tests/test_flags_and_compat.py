@@ -15,7 +15,7 @@ MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm
     [
         ("--fwp-feature-map", "relu", "invalid choice: 'relu' (choose from 'softmax', 'linear', 'performer', 'dpfp')"),
         ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'delta')"),
-        ("--fwp-backend", "gpu", "invalid choice: 'gpu' (choose from 'auto', 'reference', 'chunked', 'cuda')"),
+        ("--fwp-backend", "gpu", "invalid choice: 'gpu' (choose from 'auto', 'reference', 'chunked', 'cuda', 'fla')"),
         ("--fwp-dpfp-nu", "0", "expected an integer >= 1, got 0"),
         ("--fwp-dpfp-nu", "two", "expected an integer >= 1, got 'two'"),
         ("--fwp-performer-features", "-3", "expected an integer >= 0, got -3"),
