@@ -1,6 +1,7 @@
 """FastWeightAttention inside real fairseq models (in-process, no CLI)."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("fairseq")
 
@@ -114,6 +115,43 @@ def test_beam_reorder_moves_the_state():
     torch.testing.assert_close(got[:, 0], want[:, 3], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fm, rule, attn_norm", [("softmax", "sum", "on")] + VARIANTS[::3])
+def test_beam_search_reorders_within_sentences_and_drops_finished_ones(fm, rule, attn_norm):
+    """What fairseq's beam search does: each sentence's beams pick among that sentence's
+    hypotheses (never another sentence's), and finished sentences leave the batch."""
+    model, d = build_translation_model(*flags(fm, rule, attn_norm))
+    beam = 3
+    src = random_tokens(d, [5, 7]).repeat_interleave(beam, 0)  # 2 sentences x 3 beams
+    hyps = decoder_inputs(d, B=6, T=9, seed=4)  # every row continues with tokens of its own
+
+    def decode(t_from, t_to):
+        return [model.decoder(hyps[:, : t + 1], encoder_out=enc, incremental_state=state)[0][:, -1]
+                for t in range(t_from, t_to)]
+
+    def full_forward(t_from, t_to):
+        return model(src, src.ne(d.pad()).sum(1), hyps[:, :t_to])[0][:, t_from:t_to]
+
+    def reorder(order, t):
+        nonlocal src, hyps, enc
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        enc = model.encoder.reorder_encoder_out(enc, order)
+        src = src[order]
+        hyps = torch.cat([hyps[order, :t], hyps[: len(order), t:]], 1)  # new tokens from position t
+
+    with torch.no_grad():
+        enc, state = model.encoder(src, src_lengths=src.ne(d.pad()).sum(1)), {}
+        decode(0, 3)
+        reorder(torch.tensor([1, 1, 0, 5, 3, 3]), 3)  # within each sentence
+        got = decode(3, 5)
+        torch.testing.assert_close(torch.stack(got, 1), full_forward(3, 5), rtol=1e-5, atol=1e-5)
+        reorder(torch.tensor([3, 4, 5]), 5)  # sentence 0 is finished
+        got = decode(5, 7)
+        torch.testing.assert_close(torch.stack(got, 1), full_forward(5, 7), rtol=1e-5, atol=1e-5)
+        reorder(torch.tensor([2, 0, 0]), 7)
+        got = decode(7, 9)
+        torch.testing.assert_close(torch.stack(got, 1), full_forward(7, 9), rtol=1e-5, atol=1e-5)
+
+
 def test_every_attention_site_is_replaced_and_softmax_is_the_baseline():
     model, _ = build_translation_model(*flags("dpfp", "delta", "on"))
     attns = [m for m in model.modules() if isinstance(m, FastWeightAttention)]
@@ -164,3 +202,37 @@ def test_autocast_runs_every_variant_in_its_dtype(fm, rule, attn_norm):
     assert ((got.float() - want).abs().max() / want.abs().max()).item() < 0.1
     got.float().sum().backward()
     assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+def paper_attention_normalised_delta(phi_q, phi_k, v, beta):
+    """Eqs. 24, 26-28 as the paper writes them, one step at a time, for one head:
+    z_i = z_{i-1} + phi(k_i); vbar_i = W_{i-1} phi(k_i) / (z_{i-1} . phi(k_i)), vbar_1 = 0;
+    W_i = W_{i-1} + beta_i (v_i - vbar_i) phi(k_i)^T; y_i = W_i phi(q_i) / (z_i . phi(q_i))."""
+    W = torch.zeros(v.shape[-1], phi_k.shape[-1], dtype=v.dtype)
+    z = torch.zeros(phi_k.shape[-1], dtype=v.dtype)
+    outputs = []
+    for i in range(len(v)):
+        vbar = torch.zeros_like(v[i]) if i == 0 else W @ phi_k[i] / (z @ phi_k[i])
+        W = W + beta[i] * torch.outer(v[i] - vbar, phi_k[i])
+        z = z + phi_k[i]
+        outputs.append(W @ phi_q[i] / (z @ phi_q[i]))
+    return torch.stack(outputs)
+
+
+@pytest.mark.parametrize("fm", ["linear", "dpfp"])
+def test_delta_rule_attention_normalisation_is_the_papers_formula(fm):
+    torch.manual_seed(0)
+    attn = FastWeightAttention(12, 3, feature_map=fm, update_rule="delta", attention_normalization=True,
+                               eps=0.0).double()
+    attn.out_proj.weight.data.copy_(torch.eye(12))  # read the attention output itself
+    attn.out_proj.bias.data.zero_()
+    x = torch.randn(10, 2, 12, dtype=torch.float64)  # T x B x C
+    got = attn(x, x, x)[0].view(10, 2, 3, 4)
+    heads = lambda y: y.view(10, 2, 3, -1)  # noqa: E731
+    phi = lambda y: F.normalize(attn.feature_map(heads(y)), p=1, dim=-1)  # noqa: E731  Eq. 29
+    phi_q, phi_k, v = phi(attn.q_proj(x)), phi(attn.k_proj(x)), heads(attn.v_proj(x))
+    beta = torch.sigmoid(attn.beta_proj(x))  # Eq. 21: [T, B, H]
+    for b in range(2):
+        for h in range(3):
+            want = paper_attention_normalised_delta(phi_q[:, b, h], phi_k[:, b, h], v[:, b, h], beta[:, b, h])
+            torch.testing.assert_close(got[:, b, h], want, rtol=1e-10, atol=1e-10)
