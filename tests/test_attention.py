@@ -163,15 +163,25 @@ def test_every_attention_site_is_replaced_and_softmax_is_the_baseline():
     assert sum(isinstance(m, FastWeightAttention) for m in self_only.modules()) == 2
 
 
-def test_performer_redraws_every_training_forward_and_is_fixed_in_eval():
-    attn = FastWeightAttention(16, 2, feature_map="performer", feature_map_options={"num_features": 8, "seed": 0})
-    x = torch.randn(5, 2, 16)
-    attn.train()
-    a, b = attn(x, x, x)[0], attn(x, x, x)[0]
-    assert not torch.allclose(a, b)
-    attn.eval()
-    c, e = attn(x, x, x)[0], attn(x, x, x)[0]
-    torch.testing.assert_close(c, e)
+def test_performer_redraws_once_per_training_forward_of_the_model_and_is_fixed_in_eval():
+    model, d = build_translation_model(*flags("performer", "sum", "on"))
+    src = random_tokens(d, [5, 7])
+    prev = decoder_inputs(d, B=2, T=5)
+    layers = [m for m in model.modules() if isinstance(m, FastWeightAttention)]
+    model.train()
+    outputs = []
+    for _ in range(2):
+        torch.manual_seed(0)  # same dropout: only the features differ
+        outputs.append(model(src, src.ne(d.pad()).sum(1), prev)[0])
+    assert not torch.allclose(*outputs)
+    assert all(int(layer.feature_map.num_steps) == 2 and int(layer.feature_map.num_draws) == 2 for layer in layers)
+    # a layer called on its own (as --checkpoint-activations recomputes it) draws nothing
+    x = torch.randn(5, 2, 64)
+    torch.testing.assert_close(layers[0](x, x, x)[0], layers[0](x, x, x)[0])
+    model.eval()
+    with torch.no_grad():
+        first, second = (model(src, src.ne(d.pad()).sum(1), prev)[0] for _ in range(2))
+    torch.testing.assert_close(first, second)
 
 
 def test_attention_returns_no_weights_and_checks_arguments():
@@ -219,7 +229,7 @@ def paper_attention_normalised_delta(phi_q, phi_k, v, beta):
     return torch.stack(outputs)
 
 
-@pytest.mark.parametrize("fm", ["linear", "dpfp"])
+@pytest.mark.parametrize("fm", ["linear", "performer"])  # positive features: no 0/0 in the formula
 def test_delta_rule_attention_normalisation_is_the_papers_formula(fm):
     torch.manual_seed(0)
     attn = FastWeightAttention(12, 3, feature_map=fm, update_rule="delta", attention_normalization=True,
@@ -236,3 +246,34 @@ def test_delta_rule_attention_normalisation_is_the_papers_formula(fm):
         for h in range(3):
             want = paper_attention_normalised_delta(phi_q[:, b, h], phi_k[:, b, h], v[:, b, h], beta[:, b, h])
             torch.testing.assert_close(got[:, b, h], want, rtol=1e-10, atol=1e-10)
+
+
+def attention_normalisation_by_site(model):
+    """{decoder self-attention?: set of attention_normalization values} of a model's fast-weight layers."""
+    found = {}
+    for layer in (m for m in model.modules() if isinstance(m, FastWeightAttention)):
+        found.setdefault(layer.causal, set()).add(layer.attention_normalization)
+    return found
+
+
+@pytest.mark.parametrize("extra, sites", [
+    ([], {True: {True}, False: {True}}),  # sum rule: Table 1 everywhere
+    (["--fwp-update-rule", "delta"], {True: {False}, False: {True}}),  # delta decoder: off (SPEC)
+    (["--fwp-update-rule", "delta", "--fwp-attn-norm", "on"], {True: {True}, False: {True}}),
+    (["--fwp-update-rule", "delta", "--fwp-decoder-attn-norm", "on"], {True: {True}, False: {True}}),
+    (["--fwp-attn-norm", "off", "--fwp-decoder-attn-norm", "on"], {True: {True}, False: {False}}),
+    (["--fwp-decoder-attn-norm", "off"], {True: {False}, False: {True}}),
+])
+def test_attention_normalisation_per_site(extra, sites):
+    model, _ = build_translation_model(*extra)
+    assert attention_normalisation_by_site(model) == sites
+
+
+@pytest.mark.parametrize("extra, expected", [([], False), (["--fwp-attn-norm", "on"], True),
+                                             (["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"], True),
+                                             (["--fwp-update-rule", "sum"], False)])
+def test_language_model_attention_normalisation(extra, expected):
+    from fairseq_models import build_lm_model
+
+    model, _ = build_lm_model(*extra)
+    assert attention_normalisation_by_site(model) == {True: {expected}}

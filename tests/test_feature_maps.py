@@ -71,11 +71,43 @@ def test_performer_redraw_changes_features_and_forward_is_pure():
     torch.testing.assert_close(a, b)  # q and k of one forward share P
     fm.redraw()
     assert not torch.allclose(fm(x), a)
-    for name in ("linear", "dpfp"):  # deterministic maps: redraw is a no-op
+    for name in ("linear", "dpfp"):  # deterministic maps: a training step changes nothing
         det = build_feature_map(name, 8)
         before = det(x)
-        det.redraw()
+        det.training_step()
         torch.testing.assert_close(det(x), before)
+
+
+@pytest.mark.parametrize("interval, draws_at", [(1, [2, 3, 4, 5, 6]), (3, [4]), (0, [])])
+def test_performer_redraws_on_its_schedule(interval, draws_at):
+    """Training step s (from 1) uses new features when s - 1 is a positive multiple of the interval."""
+    fm = build_feature_map("performer", 8, num_features=16, seed=1, redraw_interval=interval)
+    new_features = []
+    for step in range(1, 7):
+        before = fm.projection.clone()
+        fm.training_step()
+        if not torch.equal(before, fm.projection):
+            new_features.append(step)
+    assert new_features == draws_at and int(fm.num_steps) == 6
+
+
+def test_performer_input_scaling_estimates_the_softmax_kernel():
+    """With x scaled by d^-1/4, phi(q) . phi(k) estimates exp(q . k / sqrt(d))."""
+    d, m = 16, 4096
+    q, k = torch.randn(d) * 0.7, torch.randn(d) * 0.7
+    fm = build_feature_map("performer", d, num_features=m, seed=2, input_scaling=True)
+    exps = lambda x: fm(x) * math.sqrt(2 * m) - 1e-4  # noqa: E731  the exponentials, without the stabiliser
+    estimate = (exps(q) * exps(k)).mean()
+    assert abs(estimate.item() / math.exp(q @ k / math.sqrt(d)) - 1) < 0.05
+
+
+def test_performer_checkpoints_without_a_step_count_still_load():
+    fm = build_feature_map("performer", 8, num_features=16, seed=1)
+    old = {name: value for name, value in fm.state_dict().items() if name != "num_steps"}
+    restored = build_feature_map("performer", 8, num_features=16, seed=7)
+    restored.load_state_dict(old)
+    torch.testing.assert_close(restored.projection, fm.projection)
+    assert int(restored.num_steps) == 0
 
 
 def test_performer_is_reproducible_under_a_seed_and_round_trips():

@@ -19,7 +19,10 @@ MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm
         ("--fwp-dpfp-nu", "0", "expected an integer >= 1, got 0"),
         ("--fwp-dpfp-nu", "two", "expected an integer >= 1, got 'two'"),
         ("--fwp-performer-features", "-3", "expected an integer >= 0, got -3"),
-        ("--fwp-attn-norm", "yes", "invalid choice: 'yes' (choose from 'on', 'off')"),
+        ("--fwp-attn-norm", "yes", "invalid choice: 'yes' (choose from 'auto', 'on', 'off')"),
+        ("--fwp-decoder-attn-norm", "1", "invalid choice: '1' (choose from 'auto', 'on', 'off')"),
+        ("--fwp-performer-redraw", "-1", "expected an integer >= 0, got -1"),
+        ("--fwp-performer-scaling", "yes", "invalid choice: 'yes' (choose from 'on', 'off')"),
         ("--fwp-sites", "encoder", "invalid choice: 'encoder' (choose from 'all', 'self', 'decoder-self')"),
     ],
 )
@@ -32,7 +35,7 @@ def test_bad_flag_values_fail_at_parse_time(capsys, task, arch, flag, value, mes
 
 def test_arch_defaults_follow_the_paper():
     mt = parse_args("translation", "fwp_transformer_wmt_en_de_big")
-    assert (mt.fwp_feature_map, mt.fwp_update_rule, mt.fwp_attn_norm, mt.fwp_sum_norm) == ("linear", "sum", "on", "on")
+    assert (mt.fwp_feature_map, mt.fwp_update_rule, mt.fwp_attn_norm, mt.fwp_sum_norm) == ("linear", "sum", "auto", "on")
     assert (mt.encoder_layers, mt.decoder_layers, mt.encoder_embed_dim, mt.encoder_ffn_embed_dim,
             mt.encoder_attention_heads) == (6, 6, 1024, 4096, 16)
     lm = parse_args("language_modeling", "fwp_lm_wiki103_small")

@@ -32,6 +32,16 @@ def fast_weight_layers(model):
     return [m for m in model.modules() if isinstance(m, FastWeightAttention)]
 
 
+def carry(model):
+    for layer in fast_weight_layers(model):
+        layer.enable_carry_over()
+
+
+def start_segment(model, position):
+    for layer in fast_weight_layers(model):
+        layer.start_segment(position, model.training)
+
+
 @pytest.mark.parametrize("flags", [[], ["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"],
                                    ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2"]])
 def test_carried_segments_equal_one_long_forward(flags):
@@ -39,29 +49,85 @@ def test_carried_segments_equal_one_long_forward(flags):
     tokens = random_tokens(d, [17, 17], left_pad=False)
     with torch.no_grad():
         whole, _ = model(tokens)
-        for layer in fast_weight_layers(model):
-            layer.enable_carry_over()
-        pieces = [model(tokens[:, a:b])[0] for a, b in ((0, 6), (6, 7), (7, 17))]
+        carry(model)
+        pieces = []
+        for position, (a, b) in enumerate(((0, 6), (6, 7), (7, 17))):
+            start_segment(model, position)
+            pieces.append(model(tokens[:, a:b])[0])
     torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_segment_positions_decide_where_a_segment_starts():
+    model, d = build_lm_model()
+    carry(model)
+    tokens = random_tokens(d, [12, 12], left_pad=False)
+    with torch.no_grad():
+        whole, _ = model(tokens)
+        fresh = model(tokens[:, 6:])[0]  # no segment started: from zero
+        start_segment(model, 0)
+        model(tokens[:, :6])
+        start_segment(model, 1)
+        second = model(tokens[:, 6:])[0]
+        start_segment(model, 1)  # the same segment again (a retried update)
+        again = [model(tokens[:, 6:])[0] for _ in range(2)]  # and every forward within it
+        start_segment(model, 0)  # a new epoch, validation subset or evaluation
+        restarted = model(tokens[:, 6:])[0]
+        start_segment(model, 5)  # not the next position (resumed mid-epoch): from zero
+        jumped = model(tokens[:, 6:])[0]
+    torch.testing.assert_close(second, whole[:, 6:], rtol=1e-5, atol=1e-5)
+    for repeat in again:
+        torch.testing.assert_close(repeat, second)
+    torch.testing.assert_close(restarted, fresh)
+    torch.testing.assert_close(jumped, fresh)
 
 
 def test_carried_state_is_detached_and_kept_apart_for_training_and_evaluation():
     model, d = build_lm_model()
     layers = fast_weight_layers(model)
-    for layer in layers:
-        layer.enable_carry_over()
+    carry(model)
     tokens = random_tokens(d, [8, 8], left_pad=False)
     model.train()
+    start_segment(model, 0)
     model(tokens)[0].sum().backward()
-    train_state = layers[0]._carried[True]["fast_weight"]
+    train_state = layers[0]._streams[True]["end"]["fast_weight"]
     assert train_state.grad_fn is None and not train_state.requires_grad
     model.eval()
     with torch.no_grad():
+        start_segment(model, 0)
         model(tokens)
-    layers[0].reset_carried_state(training=False)  # a new validation pass
-    assert False not in layers[0]._carried and layers[0]._carried[True]["fast_weight"] is train_state
+    assert layers[0]._streams[True]["end"]["fast_weight"] is train_state  # evaluation left it alone
+    model.train()
+    start_segment(model, 1)
     with pytest.raises(RuntimeError, match="same streams"):
-        model.train()(tokens[:1])
+        model(tokens[:1])
+
+
+def lm_gradients(flags, segments, checkpoint_activations):
+    """Gradients of two training steps on consecutive segments, as fwp_stream_lm runs them."""
+    model, d = build_lm_model(*flags, *(["--checkpoint-activations"] if checkpoint_activations else []))
+    model.train()
+    carry(model)
+    grads = []
+    for position, tokens in enumerate(segments):
+        model.zero_grad()
+        start_segment(model, position)
+        model(tokens)[0].log_softmax(-1).mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    return grads
+
+
+@pytest.mark.parametrize("flags", [[], ["--fwp-feature-map", "performer"],
+                                   ["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"]])
+def test_checkpoint_activations_give_the_same_gradients(flags):
+    """fairseq's --checkpoint-activations runs every layer's forward again in the backward
+    pass: the features and the carried state must be those of the first forward."""
+    d = toy_dictionary()
+    tokens = random_tokens(d, [16, 16], left_pad=False)
+    segments = [tokens[:, :8], tokens[:, 8:]]
+    plain = lm_gradients(flags, segments, checkpoint_activations=False)
+    checkpointed = lm_gradients(flags, segments, checkpoint_activations=True)
+    for a, b in zip(plain, checkpointed):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +142,27 @@ def evaluated_tokens(output):
     return int(re.search(r"Evaluated ([0-9,]+) tokens", output).group(1).replace(",", ""))
 
 
+def stream_perplexity(checkpoint, data, num_streams):
+    """The test split's perplexity computed directly: the split cut into num_streams streams as
+    fwp_stream_lm cuts it, each stream scored by ONE forward over its whole length (no carry-over
+    needed: fast weights carried across segments compute exactly that)."""
+    from fairseq import checkpoint_utils
+    from fairseq_fwp.tasks.stream_lm import TokenStream
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)],
+                                                                      arg_overrides={"data": str(data)})
+    model.eval()
+    tokens = TokenStream(str(data / "test"), task.dictionary).tokens
+    segments = StreamSegments(tokens, task.dictionary, num_streams, segment_length=len(tokens))
+    batch = segments.collater([0])  # one segment: every stream whole
+    with torch.no_grad():
+        logits = model(batch["net_input"]["src_tokens"])[0]
+    lprobs = model.get_normalized_probs((logits, None), log_probs=True)
+    target = batch["target"]
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)[target.ne(task.dictionary.pad())]
+    return float(torch.exp(nll.mean()))
+
+
 def test_stream_task_trains_resumes_and_scores_the_whole_split(lm_data, tmp_path):
     log = train_lm(lm_data, tmp_path, max_update=8, tokens_per_sample=16, task="fwp_stream_lm")
     assert "'fwp_carry_over': on" in log
@@ -85,11 +172,28 @@ def test_stream_task_trains_resumes_and_scores_the_whole_split(lm_data, tmp_path
 
     checkpoint = tmp_path / "checkpoint_last.pt"
     baseline = eval_lm(lm_data, checkpoint, tokens_per_sample=16)  # language_modeling's blocks
-    perplexity = {}
     for batch_size in (1, 3):
+        scored = {}
         for carry in ("on", "off"):
             out = eval_lm(lm_data, checkpoint, "--task", "fwp_stream_lm", "--fwp-carry-over", carry,
                           tokens_per_sample=16, batch_size=batch_size)
             assert evaluated_tokens(out) == evaluated_tokens(baseline)  # every token, once
-            perplexity[batch_size, carry] = float(re.search(r"Perplexity: ([0-9.]+)", out).group(1))
-    assert perplexity[1, "on"] != perplexity[1, "off"]  # the carried state is used
+            scored[carry] = float(re.search(r"Perplexity: ([0-9.]+)", out).group(1))
+        want = stream_perplexity(checkpoint, lm_data, batch_size)
+        assert scored["on"] == pytest.approx(want, abs=0.006, rel=1e-4)  # eval-lm prints 2 decimals
+        assert abs(scored["off"] - want) > 0.05  # segments from zero score otherwise
+
+
+def valid_losses(log):
+    return dict(re.findall(r"valid on '(\w+)' subset \| loss ([0-9.]+)", log))
+
+
+def test_every_validation_subset_starts_its_streams_from_zero(lm_data, tmp_path):
+    """fairseq starts one validation pass for all of --valid-subset; the second subset must not
+    start from the first one's final state."""
+    flags = ["--batch-size-valid", 2]
+    both = train_lm(lm_data, tmp_path / "a", "--valid-subset", "valid,test", *flags, max_update=3,
+                    tokens_per_sample=16, task="fwp_stream_lm")
+    alone = train_lm(lm_data, tmp_path / "b", "--valid-subset", "test", *flags, max_update=3,
+                     tokens_per_sample=16, task="fwp_stream_lm")
+    assert valid_losses(both)["test"] == valid_losses(alone)["test"]

@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fairseq_fwp.modules.feature_maps import build_feature_map, sum_normalize
+from fairseq_fwp.modules.feature_maps import build_feature_map, start_training_step, sum_normalize
 from fairseq_fwp.ops import fast_weight_delta_state, fast_weight_sum_state
 
 from .names import D_KEY, parse_model_name
@@ -60,12 +60,6 @@ def build_phi(name, d_key=D_KEY):
     if kind == "dpfp":
         return build_feature_map("dpfp", d_key, nu=size)
     return build_feature_map("performer", d_key, num_features=size)
-
-
-def _redraw(phi):
-    """FAVOR+ draws new random features for every training mini-batch (Sec. 5.3)."""
-    if hasattr(phi, "redraw"):
-        phi.redraw()
 
 
 # ---------------------------------------------------------------- memories
@@ -99,7 +93,7 @@ class FastWeightMemory(nn.Module):
 
     def forward(self, k, v, beta, q):
         if self.training:
-            _redraw(self.phi)
+            start_training_step(self.phi)  # FAVOR+: new random features every mini-batch (Sec. 5.3)
         fast_weight = self.write(self.features(k), v, beta)
         return self.read(fast_weight, self.features(q))
 

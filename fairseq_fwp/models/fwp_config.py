@@ -17,6 +17,7 @@ from ..ops import BACKENDS
 
 ATTENTION_KINDS = ("softmax",) + FEATURE_MAPS
 ON_OFF = ("on", "off")
+AUTO_ON_OFF = ("auto", "on", "off")
 
 
 @dataclass
@@ -28,11 +29,20 @@ class FastWeightConfig(FairseqDataclass):
     fwp_dpfp_nu: int = field(default=1, metadata={"help": "DPFP capacity nu (>= 1): D = 2 * head_dim * nu"})
     fwp_performer_features: int = field(
         default=0, metadata={"help": "FAVOR+ random features m (>= 1; 0 = head_dim): D = 2m"})
+    fwp_performer_redraw: int = field(
+        default=1, metadata={"help": "FAVOR+: new random features every N training forwards (1 = every "
+                                      "mini-batch, as the paper; 0 = never)"})
+    fwp_performer_scaling: ChoiceEnum(ON_OFF) = field(
+        default="off", metadata={"help": "FAVOR+: scale q and k by head_dim^-1/4 first, so that the features "
+                                          "estimate softmax attention's kernel exp(q.k/sqrt(d))"})
     fwp_backend: ChoiceEnum(BACKENDS) = field(default="auto", metadata={"help": "fast-weight op backend"})
     fwp_sum_norm: ChoiceEnum(ON_OFF) = field(
         default="on", metadata={"help": "divide phi(q), phi(k) by their sums (Eq. 29); always on for delta"})
-    fwp_attn_norm: ChoiceEnum(ON_OFF) = field(
-        default="on", metadata={"help": "divide outputs by z_t . phi(q_t) (Eqs. 19, 26-28)"})
+    fwp_attn_norm: ChoiceEnum(AUTO_ON_OFF) = field(
+        default="auto", metadata={"help": "divide outputs by z_t . phi(q_t) (Eqs. 19, 26-28) at every fast-weight "
+                                           "site; auto: on for the sum rule (Table 1), off for the delta rule"})
+    fwp_decoder_attn_norm: ChoiceEnum(AUTO_ON_OFF) = field(
+        default="auto", metadata={"help": "the decoder self-attention's own setting; auto: as --fwp-attn-norm"})
     fwp_output_scaling: ChoiceEnum(ON_OFF) = field(
         default="off", metadata={"help": "multiply attention outputs by 1/sqrt(head_dim)"})
     fwp_sites: ChoiceEnum(SITES) = field(
@@ -54,7 +64,8 @@ def _at_least(minimum):
 
 def tighten_arg_types(parser):
     """Make the integer flags reject out-of-range values at parse time."""
-    checks = {"fwp_dpfp_nu": _at_least(1), "fwp_performer_features": _at_least(0)}
+    checks = {"fwp_dpfp_nu": _at_least(1), "fwp_performer_features": _at_least(0),
+              "fwp_performer_redraw": _at_least(0)}
     for action in parser._actions:
         if action.dest in checks:
             action.type = checks[action.dest]

@@ -3,6 +3,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_vaswani_wmt_en_de_big
 
+from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder, FastWeightTransformerEncoder
 from .fwp_config import add_fwp_args, fast_weight_options, set_fwp_defaults
 
@@ -15,6 +16,11 @@ class FastWeightTransformerModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         add_fwp_args(parser)
+
+    def forward(self, *args, **kwargs):
+        if self.training:
+            start_training_step(self)  # random features: once per model forward, not per layer call
+        return super().forward(*args, **kwargs)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -30,8 +36,9 @@ class FastWeightTransformerModel(TransformerModel):
 
 
 # The paper's MT setting (Table 1): every attention fast-weight, sum rule,
-# attention normalisation (Eq. 19) and sum normalisation (Eq. 29).
-MT_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="sum", fwp_attn_norm="on", fwp_sum_norm="on")
+# attention normalisation (Eq. 19; "auto" keeps it off for a delta-rule
+# decoder, as SPEC.md's default) and sum normalisation (Eq. 29).
+MT_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="sum", fwp_attn_norm="auto", fwp_sum_norm="on")
 
 
 @register_model_architecture("fwp_transformer", "fwp_transformer_tiny")

@@ -10,6 +10,7 @@ from fairseq.models.transformer_lm import (
     base_lm_architecture,
 )
 
+from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder
 from .fwp_config import ON_OFF, FastWeightConfig, fast_weight_options, set_fwp_defaults, tighten_arg_types
 
@@ -26,6 +27,11 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
     def add_args(cls, parser):
         super().add_args(parser)
         tighten_arg_types(parser)
+
+    def forward(self, *args, **kwargs):
+        if self.training:
+            start_training_step(self)  # random features: once per model forward, not per layer call
+        return super().forward(*args, **kwargs)
 
     @classmethod
     def build_model(cls, args, task):

@@ -73,7 +73,7 @@ class FastWeightAttention(nn.Module):
         self.backend = backend
         self.eps = eps
         self.carry_over = False  # see enable_carry_over
-        self._carried = {}
+        self._streams = {}
 
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(kdim or embed_dim, embed_dim)
@@ -112,8 +112,6 @@ class FastWeightAttention(nn.Module):
         In causal mode the future mask ``attn_mask`` is implied and ignored; in
         non-causal mode ``value`` must be ``key`` (as in every fairseq layer).
         """
-        if self.training:
-            self.feature_map.redraw()  # one draw per forward, shared by q and k
         if self.causal:
             return self._causal(query, key_padding_mask, incremental_state), None
         return self._non_causal(query, key, key_padding_mask, incremental_state, static_kv), None
@@ -176,35 +174,57 @@ class FastWeightAttention(nn.Module):
                 saved["key_sum"] = z[:, :, -1]
             self._set_input_buffer(incremental_state, saved)
         elif self.carry_over:
-            # Truncated backpropagation: the next segment starts from these values.
-            self._carried[self.training] = {"fast_weight": W.detach(),
-                                            "key_sum": None if z is None else z[:, :, -1].detach()}
+            self._carry(W, z)
         return self._finish(out)
 
     # -- carry-over across segments (paper Table 4) ------------------------------
 
     def enable_carry_over(self):
-        """Start every causal forward from the final state of the previous one.
+        """Start every causal segment from the final state of the stream's previous segment.
 
-        Training and evaluation keep separate states (a validation pass in the
-        middle of an epoch must not disturb the training streams); incremental
-        decoding ignores them.
+        Whoever feeds the segments calls ``start_segment`` before each one
+        (the task fwp_stream_lm does). Training and evaluation keep separate
+        streams (a validation pass in the middle of an epoch must not disturb
+        the training streams); incremental decoding ignores them.
         """
         self.carry_over = True
-        self._carried = {}
+        self._streams = {}
 
-    def reset_carried_state(self, training):
-        """Forget the state of the training (True) or evaluation (False) streams."""
-        self._carried.pop(training, None)
+    def start_segment(self, position, training):
+        """Before the segment at `position` (0, 1, ...) of the training or evaluation streams.
+
+        Position 0 starts from zero; the position after the previous one
+        starts from the state the previous one ended with; the previous
+        position again (a retried update) starts where it started before, and
+        so does every forward within one segment, which keeps fairseq's
+        --checkpoint-activations (a second forward per layer in the backward
+        pass) exact; any other position (a run resumed in the middle of an
+        epoch) starts from zero.
+        """
+        stream = self._streams.get(training)
+        if stream is not None and position == stream["position"]:
+            start = stream["start"]
+        elif stream is not None and position == stream["position"] + 1 and position > 0:
+            start = stream["end"]
+        else:
+            start = {}
+        self._streams[training] = {"position": position, "start": start, "end": start}
 
     def _carried_state(self, batch_size):
-        state = self._carried.get(self.training, {}) if self.carry_over else {}
+        stream = self._streams.get(self.training) if self.carry_over else None
+        state = {} if stream is None else stream["start"]
         W = state.get("fast_weight")
         if W is not None and W.shape[0] != batch_size:
             raise RuntimeError(
                 f"the carried fast weight holds {W.shape[0]} streams, but this segment has {batch_size} rows: "
                 "every batch of a carry-over task must keep the same streams in the same rows")
         return state
+
+    def _carry(self, W, z):
+        """Truncated backpropagation: the stream's next segment starts from these values, detached."""
+        stream = self._streams.get(self.training)
+        if stream is not None:
+            stream["end"] = {"fast_weight": W.detach(), "key_sum": None if z is None else z[:, :, -1].detach()}
 
     def _delta_attention_normalization(self, k, beta, z):
         """Eqs. 26-28: normalise the retrieval vbar_t by d_t = z_{t-1} . phi(k_t).

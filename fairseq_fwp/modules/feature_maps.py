@@ -1,11 +1,15 @@
 """Feature maps phi: R^d -> R^D applied per head to queries and keys.
 
 One small interface (after fast-transformers): ``forward(x)`` maps the last
-dimension from ``head_dim`` to ``out_dim``, and ``redraw()`` draws new random
-features (a no-op for deterministic maps). The attention layer calls
-``redraw()`` once per training forward, so that queries and keys of one
-forward share the same features, and otherwise only asks for phi and
-``out_dim``.
+dimension from ``head_dim`` to ``out_dim``, and ``training_step()`` is called
+once per training forward of the whole model (``start_training_step``) so
+that random maps can redraw their features on their schedule (a no-op for
+deterministic maps). Queries and keys of one forward share the same
+features. The attention layer only asks for phi and ``out_dim``.
+
+Why per model forward and not per attention call: fairseq's
+``--checkpoint-activations`` runs every layer's forward a second time in the
+backward pass, which must see the same features as the first.
 """
 import math
 
@@ -29,8 +33,15 @@ def sum_normalize(phi, eps=1e-6):
 class FeatureMap(nn.Module):
     """Base class: phi with its output size ``out_dim``."""
 
-    def redraw(self):
-        """Draw new random features; deterministic maps have none."""
+    def training_step(self):
+        """Called once before every training forward of the model; deterministic maps ignore it."""
+
+
+def start_training_step(model):
+    """Before a training forward of `model`: every random feature map advances its schedule."""
+    for module in model.modules():
+        if isinstance(module, FeatureMap):
+            module.training_step()
 
 
 class LinearFeatureMap(FeatureMap):
@@ -77,27 +88,41 @@ class PerformerFeatureMap(FeatureMap):
     phi(x) = (2m)^-1/2 ([exp(P^T x - |x|^2/2); exp(-P^T x - |x|^2/2)] + 1e-4), D = 2m,
     so that E[phi(x) . phi(y)] ~= exp(x . y).
 
+    Options beyond the paper's formula:
+    - ``redraw_interval``: new features every that many training forwards
+      of the model (1: every mini-batch, the paper's Sec. 5.3; 0: never, the
+      features drawn at initialisation stay). Evaluation never redraws.
+    - ``input_scaling``: multiply x by head_dim^-1/4 first, so that
+      phi(q) . phi(k) estimates exp(q . k / sqrt(d)), the kernel of softmax
+      attention, as Choromanski et al.'s own code does; without it the
+      estimated kernel exp(q . k) is far peakier and its random-feature
+      estimate far noisier.
+
     The projection P (``d x m``) is a registered buffer, so a checkpoint holds
-    the features evaluation uses. The attention layer calls ``redraw()`` at
-    every training forward (paper Sec. 5.3); in eval mode P stays fixed. Draw
-    number n uses a generator seeded with (seed, n), with n kept in the buffer
-    ``num_draws``: runs, resumed runs and distributed ranks that share a seed
-    draw the same features.
+    the features evaluation uses. Draw number n uses a generator seeded with
+    (seed, n); n (``num_draws``) and the training forwards seen
+    (``num_steps``) are buffers too: runs, resumed runs and distributed ranks
+    that share a seed draw the same features at the same steps.
     """
 
-    def __init__(self, head_dim, num_features=None, seed=None):
+    def __init__(self, head_dim, num_features=None, seed=None, redraw_interval=1, input_scaling=False):
         super().__init__()
         num_features = head_dim if num_features is None else num_features
         if not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"performer num_features must be an integer >= 1, got {num_features!r}")
+        if not isinstance(redraw_interval, int) or redraw_interval < 0:
+            raise ValueError(f"performer redraw_interval must be an integer >= 0, got {redraw_interval!r}")
         self.head_dim = head_dim
         self.num_features = num_features
         self.out_dim = 2 * num_features
+        self.redraw_interval = redraw_interval
+        self.input_scale = head_dim ** -0.25 if input_scaling else 1.0
         seed = int(torch.randint(2**31 - 1, ()).item()) if seed is None else int(seed)
-        # seed and draw count are buffers: a checkpoint resumes the same sequence of draws
+        # seed and counts are buffers: a checkpoint resumes the same sequence of draws
         self.register_buffer("seed", torch.tensor(seed, dtype=torch.long))
         self.register_buffer("projection", torch.empty(head_dim, num_features))
         self.register_buffer("num_draws", torch.zeros((), dtype=torch.long))
+        self.register_buffer("num_steps", torch.zeros((), dtype=torch.long))
         self.redraw()
 
     @torch.no_grad()
@@ -107,14 +132,28 @@ class PerformerFeatureMap(FeatureMap):
         self.projection.copy_(orthogonal_gaussian(self.head_dim, self.num_features, gen))
         self.num_draws += 1
 
+    @torch.no_grad()
+    def training_step(self):
+        """The first training forward uses the features drawn at initialisation."""
+        if self.redraw_interval and self.num_steps > 0 and self.num_steps % self.redraw_interval == 0:
+            self.redraw()
+        self.num_steps += 1
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Checkpoints written before num_steps existed redrew at every step: their count restarts.
+        state_dict.setdefault(prefix + "num_steps", torch.zeros((), dtype=torch.long))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, x):
+        x = x * self.input_scale
         u = x @ self.projection.to(x.dtype)
         half_sq_norm = 0.5 * (x * x).sum(-1, keepdim=True)
         feats = torch.cat([torch.exp(u - half_sq_norm), torch.exp(-u - half_sq_norm)], dim=-1)
         return (feats + 1e-4) / math.sqrt(self.out_dim)
 
     def extra_repr(self):
-        return f"head_dim={self.head_dim}, num_features={self.num_features}, seed={int(self.seed)}"
+        return (f"head_dim={self.head_dim}, num_features={self.num_features}, seed={int(self.seed)}, "
+                f"redraw_interval={self.redraw_interval}, input_scaling={self.input_scale != 1.0}")
 
 
 def orthogonal_gaussian(d, m, generator):
@@ -134,7 +173,8 @@ def orthogonal_gaussian(d, m, generator):
 
 
 def build_feature_map(name, head_dim, **options):
-    """Build a feature map by name: "linear", "performer" (num_features, seed) or "dpfp" (nu)."""
+    """Build a feature map by name: "linear", "performer" (num_features, seed, redraw_interval,
+    input_scaling) or "dpfp" (nu)."""
     builders = {
         "linear": LinearFeatureMap,
         "performer": PerformerFeatureMap,

@@ -61,17 +61,27 @@ def build_fast_weight_attention(cfg, embed_dim, num_heads, *, causal, kdim=None)
     if name == "dpfp":
         options["nu"] = cfg.fwp_dpfp_nu
     elif name == "performer":
-        options["num_features"] = cfg.fwp_performer_features or embed_dim // num_heads
+        options.update(num_features=cfg.fwp_performer_features or embed_dim // num_heads,
+                       redraw_interval=cfg.fwp_performer_redraw, input_scaling=cfg.fwp_performer_scaling == "on")
     delta = causal and cfg.fwp_update_rule == "delta"
     return FastWeightAttention(
         embed_dim, num_heads, kdim=kdim, vdim=kdim, causal=causal,
         feature_map=name, feature_map_options=options,
         update_rule="delta" if delta else "sum",
         sum_normalization=delta or cfg.fwp_sum_norm == "on",  # SPEC: always on for delta
-        attention_normalization=cfg.fwp_attn_norm == "on",
+        attention_normalization=attention_normalization(cfg, causal, delta),
         output_scaling=cfg.fwp_output_scaling == "on",
         backend=cfg.fwp_backend,
     )
+
+
+def attention_normalization(cfg, decoder_self, delta):
+    """--fwp-decoder-attn-norm for the decoder self-attention (when not auto), else --fwp-attn-norm;
+    auto means on for the sum rule (the paper's Table 1) and off for the delta rule (SPEC.md)."""
+    value = cfg.fwp_attn_norm
+    if decoder_self and cfg.fwp_decoder_attn_norm != "auto":
+        value = cfg.fwp_decoder_attn_norm
+    return not delta if value == "auto" else value == "on"
 
 
 def _wrap(layer, cfg):

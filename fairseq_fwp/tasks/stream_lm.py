@@ -8,10 +8,19 @@ whole split), and batch i holds segment i of every stream: row r of batch
 i + 1 continues row r of batch i. With `--fwp-carry-over on` every causal
 fast-weight layer starts a segment from the state (W, and z where used) that
 ended the previous segment of the same stream, detached (truncated
-backpropagation). The state is reset at the start of every epoch and of every
-validation pass; `fairseq-eval-lm` starts from a fresh model. It is not part
-of a checkpoint: a run resumed in the middle of an epoch continues its
-streams from a zero state.
+backpropagation). Before every batch (train_step, valid_step, and each batch
+of fairseq-eval-lm) the task tells the layers the segment's position, and
+the position decides (FastWeightAttention.start_segment): segment 0 starts
+from zero, so every epoch, every validation subset and every evaluation
+starts its streams from zero; a segment seen again (a retried update, or
+the second forward of --checkpoint-activations) starts where it started
+before. The state is not part of a checkpoint: a run resumed in the middle
+of an epoch continues its streams from a zero state.
+
+FAVOR+ with carry-over: the carried W is only meaningful in the feature
+space it was written in, so while streams are carried the random features
+stay fixed; they are redrawn at the start of every training epoch, when the
+training streams start from zero again.
 
 Every token of a split is a target exactly once: stream inputs are the tokens
 shifted right behind one </s>, so the first token of a stream is predicted
@@ -39,6 +48,7 @@ from omegaconf import II
 
 from ..models.fwp_config import ON_OFF
 from ..modules.fast_weight_attention import FastWeightAttention
+from ..modules.feature_maps import PerformerFeatureMap
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +118,24 @@ class StreamSegments(FairseqDataset):
             "target": targets,
             "nsentences": self.num_streams,
             "ntokens": int(targets.ne(self.pad).sum()),
+            "segment": index,  # its position in the streams: see FastWeightAttention.start_segment
         }
+
+
+class SegmentStarts:
+    """fairseq-eval-lm's batches, each announced to the carrying layers before it is scored
+    (eval-lm has no per-batch hook of the task)."""
+
+    def __init__(self, batches, start):
+        self.batches, self.start = batches, start
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for sample in self.batches:
+            self.start(sample)
+            yield sample
 
 
 @register_task("fwp_stream_lm", dataclass=StreamLanguageModelingConfig)
@@ -116,6 +143,7 @@ class StreamLanguageModelingTask(FairseqTask):
     def __init__(self, cfg, dictionary):
         super().__init__(cfg)
         self.dictionary = dictionary
+        self._carrying_layers = []
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
@@ -137,18 +165,27 @@ class StreamLanguageModelingTask(FairseqTask):
                 logger.warning("--fwp-carry-over on: the model has no causal fast-weight layer; nothing is carried")
             for layer in layers:
                 layer.enable_carry_over()
+                if isinstance(layer.feature_map, PerformerFeatureMap):
+                    layer.feature_map.redraw_interval = 0  # redrawn per epoch instead (begin_epoch)
+            self._carrying_layers.extend(layers)  # eval-lm may build an ensemble: every model's layers
         return model
 
-    def _reset(self, model, training):
-        for module in model.modules():
-            if isinstance(module, FastWeightAttention) and module.carry_over:
-                module.reset_carried_state(training)
+    def _start_segment(self, sample, training):
+        for layer in self._carrying_layers:
+            layer.start_segment(sample["segment"], training)
 
     def begin_epoch(self, epoch, model):
-        self._reset(model, training=True)
+        for layer in self._carrying_layers:
+            if isinstance(layer.feature_map, PerformerFeatureMap) and epoch > 1:
+                layer.feature_map.redraw()  # the training streams start from zero: a new feature space is safe
 
-    def begin_valid_epoch(self, epoch, model):
-        self._reset(model, training=False)
+    def train_step(self, sample, model, *args, **kwargs):
+        self._start_segment(sample, training=True)
+        return super().train_step(sample, model, *args, **kwargs)
+
+    def valid_step(self, sample, model, criterion):
+        self._start_segment(sample, training=False)
+        return super().valid_step(sample, model, criterion)
 
     def get_batch_iterator(self, dataset, max_sentences=None, num_shards=1, shard_id=0, num_workers=0, epoch=1,
                            data_buffer_size=0, **kwargs):
@@ -168,9 +205,10 @@ class StreamLanguageModelingTask(FairseqTask):
         if context_window > 0:
             raise ValueError("fwp_stream_lm carries the state through the split instead of a context window; "
                              "use --task language_modeling for --context-window")
-        return self.get_batch_iterator(dataset, max_sentences=batch_size or 1, num_shards=num_shards,
-                                       shard_id=shard_id, num_workers=num_workers,
-                                       data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
+        batches = self.get_batch_iterator(dataset, max_sentences=batch_size or 1, num_shards=num_shards,
+                                          shard_id=shard_id, num_workers=num_workers,
+                                          data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
+        return SegmentStarts(batches, lambda sample: self._start_segment(sample, training=False))
 
     @property
     def source_dictionary(self):
