@@ -40,6 +40,10 @@ MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attenti
     "linear": ["--fwp-feature-map", "linear"],
     "performer-64": PERFORMER + ["32"],
     "performer-256": PERFORMER + ["128"],
+    # FAVOR+ options (issue 15): inputs scaled by d^-1/4, features fixed after initialisation
+    "performer-64-scaled": PERFORMER + ["32", "--fwp-performer-scaling", "on"],
+    "performer-64-fixed": PERFORMER + ["32", "--fwp-performer-redraw", "0"],
+    "performer-64-scaled-fixed": PERFORMER + ["32", "--fwp-performer-scaling", "on", "--fwp-performer-redraw", "0"],
     "dpfp-128": DPFP + ["1"],
     "dpfp-256": DPFP + ["2"],
     "dpfp-256-delta": DPFP + ["2", "--fwp-update-rule", "delta"],  # delta rule in the decoder self-attention
