@@ -61,17 +61,20 @@ def test_gpu_decoding_equals_full_forward(rule, dtype):
     assert ((steps.float() - full.float()).abs().max() / full.float().abs().max()).item() < tolerance
 
 
-def test_decoder_state_has_constant_size():
+def test_decoder_state_grows_to_at_most_the_fast_weights_and_then_stays():
+    """A hypothesis's self-attention memory is held as its factors while they are smaller than W
+    (10 tokens here: D = 32, Dv = 16), then as W: no token costs more than with W, and the state
+    stops growing."""
     model, d = build_translation_model(*flags("dpfp", "delta", "on"))
     src = random_tokens(d, [6, 6])
-    prev = decoder_inputs(d, B=2, T=12)
+    prev = decoder_inputs(d, B=2, T=24)
     encoder_out = model.encoder(src, src_lengths=src.ne(d.pad()).sum(1))
     state, sizes = {}, []
     with torch.no_grad():
         for t in range(prev.shape[1]):
             model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
             sizes.append(sum(v.numel() for buf in state.values() for v in buf.values() if v is not None))
-    assert len(set(sizes)) == 1, sizes
+    assert sizes[0] < sizes[9] <= sizes[10] and len(set(sizes[10:])) == 1, sizes
 
 
 @pytest.mark.parametrize("fm, rule, attn_norm", VARIANTS[::3])
@@ -122,7 +125,7 @@ def test_beam_search_reorders_within_sentences_and_drops_finished_ones(fm, rule,
     model, d = build_translation_model(*flags(fm, rule, attn_norm))
     beam = 3
     src = random_tokens(d, [5, 7]).repeat_interleave(beam, 0)  # 2 sentences x 3 beams
-    hyps = decoder_inputs(d, B=6, T=9, seed=4)  # every row continues with tokens of its own
+    hyps = decoder_inputs(d, B=6, T=14, seed=4)  # every row continues with tokens of its own
 
     def decode(t_from, t_to):
         return [model.decoder(hyps[:, : t + 1], encoder_out=enc, incremental_state=state)[0][:, -1]
@@ -148,8 +151,11 @@ def test_beam_search_reorders_within_sentences_and_drops_finished_ones(fm, rule,
         got = decode(5, 7)
         torch.testing.assert_close(torch.stack(got, 1), full_forward(5, 7), rtol=1e-5, atol=1e-5)
         reorder(torch.tensor([2, 0, 0]), 7)
-        got = decode(7, 9)
-        torch.testing.assert_close(torch.stack(got, 1), full_forward(7, 9), rtol=1e-5, atol=1e-5)
+        got = decode(7, 11)  # the memories switch from factors to W on the way (at 8 or 10 tokens)
+        torch.testing.assert_close(torch.stack(got, 1), full_forward(7, 11), rtol=1e-5, atol=1e-5)
+        reorder(torch.tensor([1, 2, 2]), 11)
+        got = decode(11, 14)
+        torch.testing.assert_close(torch.stack(got, 1), full_forward(11, 14), rtol=1e-5, atol=1e-5)
 
 
 def test_every_attention_site_is_replaced_and_softmax_is_the_baseline():

@@ -266,3 +266,50 @@ def test_state_only_ops_equal_the_full_ops_final_state(backend, rule, shape, wit
     expected = torch.autograd.grad((W_full * g).sum(), wrt)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_in_place_decoding_steps_equal_the_functional_steps(rule, dtype):
+    """ops/decoding.py: W advanced in place, token after token, equals the reference steps."""
+    from fairseq_fwp.ops import decoding
+    from fairseq_fwp.ops.reference import delta_step, sum_step
+
+    q, k, v, beta, W0 = (x.detach() for x in make_inputs(3, 2, 6, 7, 5))
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    W_ref, W = W0.to(acc), W0.to(acc).clone()
+    for t in range(6):
+        q_t, k_t, v_t, b_t = (x[:, :, t].to(dtype) for x in (q, k, v, beta))
+        if rule == "sum":
+            want, W_ref = sum_step(W_ref, *(x.to(acc) for x in (q_t, k_t, v_t)))
+            got = decoding.sum_step_(W, q_t, k_t, v_t)
+        else:
+            want, W_ref = delta_step(W_ref, *(x.to(acc) for x in (q_t, k_t, v_t, b_t)))
+            got = decoding.delta_step_(W, q_t, k_t, v_t, b_t)
+        tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(W, W_ref, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_factored_decoding_steps_equal_the_functional_steps(rule):
+    """W held as its factors (keys, writes) from an empty memory, then materialised."""
+    from fairseq_fwp.ops import decoding
+    from fairseq_fwp.ops.reference import delta_step, sum_step
+
+    q, k, v, beta, _ = (None if x is None else x.detach() for x in make_inputs(3, 2, 7, 9, 4, with_state=False))
+    W_ref = torch.zeros(3, 2, 4, 9, dtype=torch.float64)
+    keys = writes = None
+    for t in range(7):
+        if rule == "sum":
+            want, W_ref = sum_step(W_ref, q[:, :, t], k[:, :, t], v[:, :, t])
+            got, keys, writes = decoding.factored_step(keys, writes, q[:, :, t], k[:, :, t], v[:, :, t],
+                                                       dtype=torch.float64)
+        else:
+            want, W_ref = delta_step(W_ref, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t])
+            got, keys, writes = decoding.factored_step(keys, writes, q[:, :, t], k[:, :, t], v[:, :, t],
+                                                       beta[:, :, t], dtype=torch.float64)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(decoding.materialize(keys, writes), W_ref, rtol=1e-12, atol=1e-12)
+    assert keys.shape == (3, 2, 7, 9) and writes.shape == (3, 2, 7, 4)
+    assert decoding.factored_length_limit(256, 64) == 51 and decoding.factored_length_limit(64, 64) == 32

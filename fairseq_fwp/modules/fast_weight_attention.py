@@ -9,12 +9,13 @@ Two modes:
 - causal (decoder self-attention): a fast weight programmed token by token
   with the sum rule (Eq. 17) or the delta rule (Eqs. 20-25); during
   incremental decoding the fast weight W (and the key sum z when attention
-  normalisation is on) lives in the incremental state, so each new token
-  costs the same whatever its position.
+  normalisation is on) lives in the incremental state and is updated there
+  in place, so each new token costs the same whatever its position.
 - non-causal (encoder self-attention, encoder-decoder attention): one memory
   W = sum_j v_j phi(k_j)^T (Eq. 15) over all unpadded source positions, read by
-  every query; for encoder-decoder attention it is built once per sentence and
-  cached as static state while decoding.
+  every query; for encoder-decoder attention it is built once per source
+  sentence (not per beam) and cached as static state while decoding.
+  decoding_state.py keeps these buffers and moves them for beam search.
 
 Padded key positions never write to a memory. Attention weights are never
 materialised: the second return value is always None (so
@@ -29,8 +30,9 @@ import torch.nn as nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from ..ops import fast_weight_delta, fast_weight_sum
+from ..ops import decoding, fast_weight_delta, fast_weight_sum
 from ..ops.fast_weight import accumulation_dtype
+from . import decoding_state
 from .feature_maps import build_feature_map, sum_normalize
 
 UPDATE_RULES = ("sum", "delta")
@@ -147,9 +149,13 @@ class FastWeightAttention(nn.Module):
             k = k * write.unsqueeze(-1).to(k.dtype)
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
+            if x.shape[0] == 1 and write is None and not torch.is_grad_enabled():
+                out = self._decoding_step(x, q, k, v, saved)
+                self._set_input_buffer(incremental_state, saved)
+                return self._finish(out)
         else:
             saved = self._carried_state(x.shape[1])
-        W0, z0 = saved.get("fast_weight"), saved.get("key_sum")
+        W0, z0 = decoding_state.fast_weight(saved), saved.get("key_sum")
         z = None
         if self.attention_normalization:
             # z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18), accumulated in float32; padded keys are zero.
@@ -169,13 +175,35 @@ class FastWeightAttention(nn.Module):
             out = self._normalize_output(out, q, z.to(out.dtype))
 
         if incremental_state is not None:
-            saved["fast_weight"] = W
+            decoding_state.store_fast_weight(saved, W)
             if z is not None:
                 saved["key_sum"] = z[:, :, -1]
             self._set_input_buffer(incremental_state, saved)
         elif self.carry_over:
             self._carry(W, z)
         return self._finish(out)
+
+    def _decoding_step(self, x, q, k, v, saved):
+        """One token of incremental decoding: the state in `saved` advances in place.
+
+        An empty memory is held as its factors (keys and writes) while they are
+        smaller than W, then as W (decoding_state.py).
+        """
+        acc = accumulation_dtype(q.dtype)
+        z, beta = saved.get("key_sum"), None
+        if self.attention_normalization:  # Eq. 18, the state owns z: a fresh one at the first token
+            z = k[:, :, 0].to(acc, copy=True) if z is None else z.add_(k[:, :, 0])
+        if self.update_rule == "delta":
+            beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0)  # [B, H, 1]
+            if self.attention_normalization:
+                k, beta = self._delta_attention_normalization(k, beta, z.unsqueeze(2))
+            beta = beta[:, :, 0]
+        out = decoding_state.advance_rows(saved, q[:, :, 0], k[:, :, 0], v[:, :, 0], beta, acc)
+        out = out.unsqueeze(2).to(q.dtype)
+        if self.attention_normalization:
+            out = self._normalize_output(out, q, z.unsqueeze(2).to(q.dtype))
+        saved["key_sum"] = z
+        return out
 
     # -- carry-over across segments (paper Table 4) ------------------------------
 
@@ -243,18 +271,20 @@ class FastWeightAttention(nn.Module):
 
     def _non_causal(self, query, key, key_padding_mask, incremental_state, static_kv):
         q = self._phi(self.q_proj(query))
-        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else {}
-        if static_kv and "fast_weight" in saved:
-            W, z = saved["fast_weight"], saved.get("key_sum")
-        else:
-            W, z = self._source_memory(key, key_padding_mask)
-            if incremental_state is not None and static_kv:
-                saved["fast_weight"] = W
-                if z is not None:
-                    saved["key_sum"] = z
+        cached = incremental_state is not None and static_kv
+        saved = self._get_input_buffer(incremental_state) if cached else {}
+        if "fast_weight" not in saved:
+            # Beam search repeats each source once per beam: one memory per source serves its rows.
+            g = decoding_state.rows_per_source(key, key_padding_mask) if cached else 1
+            mask = None if key_padding_mask is None else key_padding_mask[::g]
+            saved["fast_weight"], saved["key_sum"] = self._source_memory(key[:, ::g], mask)
+            saved[decoding_state.MEMORY_ROWS] = torch.tensor(g)
+            if cached:
                 self._set_input_buffer(incremental_state, saved)
-        out = torch.einsum("bhed,bhtd->bhte", W.to(q.dtype), q)
+        W, z = saved["fast_weight"], saved["key_sum"]
+        out = decoding_state.read_memory(W, q)
         if self.attention_normalization:
+            z = z.repeat_interleave(decoding_state.memory_rows(saved), 0)
             out = self._normalize_output(out, q, z.unsqueeze(2).to(q.dtype))
         return self._finish(out)
 
@@ -277,12 +307,11 @@ class FastWeightAttention(nn.Module):
         return self.set_incremental_state(incremental_state, "fwp_state", buffer)
 
     def reorder_incremental_state(self, incremental_state, new_order):
-        """Beam search reorders hypotheses: the state is batch-first."""
+        """Beam search reorders hypotheses (decoding_state.py)."""
         buffer = self._get_input_buffer(incremental_state)
         if buffer:
-            for name, value in buffer.items():
-                if value is not None:
-                    buffer[name] = value.index_select(0, new_order)
+            reorder = decoding_state.reorder_rows if self.causal else decoding_state.reorder_sources
+            reorder(buffer, new_order)
             self._set_input_buffer(incremental_state, buffer)
         return incremental_state
 
