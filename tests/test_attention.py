@@ -283,3 +283,26 @@ def test_language_model_attention_normalisation(extra, expected):
 
     model, _ = build_lm_model(*extra)
     assert attention_normalisation_by_site(model) == {True: {expected}}
+
+
+@pytest.mark.parametrize("fm, rule, attn_norm", [("softmax", "sum", "on")] + VARIANTS[::3])
+def test_beam_search_scores_equal_a_full_forward_of_each_hypothesis(fm, rule, attn_norm):
+    """fairseq's SequenceGenerator (beam 3, 14 steps: past the switch from factors to W) against a
+    full forward of every hypothesis it returns: the same per-token log-probabilities."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, d = build_translation_model(*flags(fm, rule, attn_norm))
+    src = random_tokens(d, [5, 9, 7, 6])
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}, "id": torch.arange(4)}
+    generator = SequenceGenerator([model], d, beam_size=3, max_len_a=0, max_len_b=14, min_len=14)
+    with torch.no_grad():
+        hypotheses = generator.generate([model], sample)
+        for i, sentence in enumerate(hypotheses):
+            assert len(sentence) == 3
+            for hypo in sentence:
+                target = hypo["tokens"].unsqueeze(0)
+                prev = torch.cat([target.new_full((1, 1), d.eos()), target[:, :-1]], 1)
+                logits, _ = model(src[i: i + 1], sample["net_input"]["src_lengths"][i: i + 1], prev)
+                lprobs = model.get_normalized_probs((logits, None), log_probs=True)[0]
+                want = lprobs.gather(-1, target[0].unsqueeze(-1)).squeeze(-1)
+                torch.testing.assert_close(hypo["positional_scores"], want, rtol=1e-4, atol=1e-4)

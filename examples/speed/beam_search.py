@@ -1,8 +1,11 @@
 """Decoding speed with fairseq's own SequenceGenerator: fast weights against softmax, in one run.
 
+Translation (beam 4 and greedy) and, with --lm, language-model generation
+(beam 4 and top-k sampling, from a 4-token prompt).
+
 The Multi30k model shape (2+2 layers, d_model 128, 2 heads of 64, FFN 512,
 6,000 types, shared embeddings) with random weights; 32 sentences of 20
-source tokens; every hypothesis exactly 30 target tokens (min = max length),
+source tokens; every hypothesis exactly 30 target tokens (min = max length; --target-length),
 so every model does the same number of decoder steps. Beam 4 and greedy
 (beam 1). Times are medians of --repeats runs of SequenceGenerator.generate;
 ratios are softmax time / model time (higher = faster than softmax).
@@ -28,7 +31,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from fairseq import options  # noqa: E402
+from fairseq import options, search  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
@@ -39,10 +42,19 @@ MODELS = {  # name: (flags, feature size D)
     "dpfp-256": (["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2"], 256),
     "dpfp-256-delta": (["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2", "--fwp-update-rule", "delta"], 256),
 }
+LM_MODELS = {
+    "softmax": (["--fwp-feature-map", "softmax", "--fwp-positions", "on"], "-"),
+    "linear-delta": ([], 64),
+    "dpfp-256-delta": (["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2"], 256),
+}
+LM_SHAPE = ["--decoder-layers", "2", "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512",
+            "--decoder-attention-heads", "2", "--share-decoder-input-output-embed", "--dropout", "0",
+            "--tokens-per-sample", "512"]
+PROMPT = 4
 SHAPE = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
          "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "2",
          "--decoder-attention-heads", "2", "--share-all-embeddings", "--dropout", "0"]
-VOCAB, SENTENCES, SOURCE_LENGTH, TARGET_LENGTH = 6000, 32, 20, 30
+VOCAB, SENTENCES, SOURCE_LENGTH = 6000, 32, 20
 
 
 def build_model(flags, dictionary, seed=0):
@@ -56,6 +68,17 @@ def build_model(flags, dictionary, seed=0):
     return FastWeightTransformerModel.build_model(args, task).eval()
 
 
+def build_lm(flags, dictionary, seed=0):
+    from fairseq_fwp.models.fwp_transformer_lm import FastWeightTransformerLanguageModel
+
+    argv = ["/nonexistent", "--task", "language_modeling", "--arch", "fwp_lm_tiny", "--user-dir",
+            os.path.join(ROOT, "fairseq_fwp"), *LM_SHAPE, *flags]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    torch.manual_seed(seed)
+    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    return FastWeightTransformerLanguageModel.build_model(args, task).eval()
+
+
 def make_batch(dictionary, seed=1):
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(dictionary.nspecial, len(dictionary), (SENTENCES, SOURCE_LENGTH), generator=g)
@@ -64,18 +87,18 @@ def make_batch(dictionary, seed=1):
             "id": torch.arange(SENTENCES)}
 
 
-def generator(model, dictionary, beam):
-    return SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=TARGET_LENGTH,
-                             min_len=TARGET_LENGTH)
+def generator(model, dictionary, beam, length):
+    return SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=length, min_len=length)
 
 
-def time_generation(gen, sample, repeats):
+def time_generation(gen, sample, repeats, **kwargs):
     with torch.no_grad():
-        gen.generate([], sample)  # warm-up
+        gen.generate([], sample, **kwargs)  # warm-up
         times = []
         for _ in range(repeats):
+            torch.manual_seed(0)  # the same samples every run
             start = time.perf_counter()
-            hypos = gen.generate([], sample)
+            hypos = gen.generate([], sample, **kwargs)
             times.append(time.perf_counter() - start)
     return statistics.median(times), hypos
 
@@ -91,11 +114,60 @@ def same_nbest(a, b, tolerance=1e-3):
                                  for h, g in zip(x, y)) for x, y in zip(a, b))
 
 
+def print_table(title, columns, rows, times, tokens):
+    print(f"\n{title}\n| model | D | " + " | ".join(f"{c} (ms) | tokens/s | vs softmax" for c in columns) + " |")
+    print("|---|---|" + "---|---|---|" * len(columns))
+    for name, D in rows:
+        cells = []
+        for column in columns:
+            t = times[name, column]
+            cells += [f"{1e3 * t:.0f}", f"{tokens / t:.0f}", f"{times['softmax', column] / t:.2f}x"
+                      if ("softmax", column) in times else "-"]
+        print(f"| {name} | {D} | " + " | ".join(cells) + " |", flush=True)
+
+
+def run_translation(args, dictionary):
+    sample = make_batch(dictionary)
+    times, lists = {}, {}
+    for name in args.models:
+        model = build_model(MODELS[name][0], dictionary)
+        for column, beam in (("beam 4", 4), ("greedy", 1)):
+            gen = generator(model, dictionary, beam, args.target_length)
+            times[name, column], hypos = time_generation(gen, sample, args.repeats)
+            if beam == 4:
+                lists[name] = nbest(hypos)
+    print_table(f"Translation, {SENTENCES} sentences x {SOURCE_LENGTH} source tokens, {args.target_length} steps",
+                ["beam 4", "greedy"], [(name, MODELS[name][1]) for name in args.models], times,
+                SENTENCES * args.target_length)
+    return lists
+
+
+def run_language_models(args, dictionary):
+    prompt = make_batch(dictionary)["net_input"]["src_tokens"][:, :PROMPT]
+    sample = {"net_input": {"src_tokens": prompt, "src_lengths": torch.full((SENTENCES,), PROMPT)},
+              "id": torch.arange(SENTENCES)}
+    length = PROMPT + args.target_length
+    times = {}
+    for name, (flags, _) in LM_MODELS.items():
+        model = build_lm(flags, dictionary)
+        sampling = search.Sampling(dictionary, sampling_topk=10)
+        for column, options_ in (("beam 4", dict(beam_size=4)), ("sampling", dict(beam_size=1,
+                                                                                 search_strategy=sampling))):
+            gen = SequenceGenerator([model], dictionary, max_len_a=0, max_len_b=length, min_len=length, **options_)
+            times[name, column], _ = time_generation(gen, sample, args.repeats, prefix_tokens=prompt,
+                                                     bos_token=dictionary.eos())
+    print_table(f"Language-model generation, {SENTENCES} sequences, a {PROMPT}-token prompt, "
+                f"{args.target_length} new tokens", ["beam 4", "sampling"],
+                [(name, D) for name, (_, D) in LM_MODELS.items()], times, SENTENCES * args.target_length)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--target-length", type=int, default=30, help="decoder steps of every hypothesis")
+    parser.add_argument("--lm", action="store_true", help="also language-model generation")
     parser.add_argument("--nbest-out", help="write the beam-4 n-best lists of every model as JSON")
     parser.add_argument("--nbest-compare", help="check the n-best lists against such a file")
     args = parser.parse_args(argv)
@@ -103,26 +175,11 @@ def main(argv=None):
     dictionary = Dictionary()
     for i in range(VOCAB - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
-    sample = make_batch(dictionary)
-    print(f"# beam search and greedy decoding, {SENTENCES} sentences x {SOURCE_LENGTH} source tokens, "
-          f"{TARGET_LENGTH} target steps; {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{args.threads} thread(s), {time.strftime('%Y-%m-%d')}")
-    print("| model | D | beam 4 (ms) | tokens/s | vs softmax | greedy (ms) | tokens/s | vs softmax |")
-    print("|---|---|---|---|---|---|---|---|")
-    times, lists = {}, {}
-    for name in args.models:
-        flags, D = MODELS[name]
-        model = build_model(flags, dictionary)
-        for beam in (4, 1):
-            times[name, beam], hypos = time_generation(generator(model, dictionary, beam), sample, args.repeats)
-            if beam == 4:
-                lists[name] = nbest(hypos)
-        row = []
-        for beam in (4, 1):
-            t = times[name, beam]
-            ratio = f"{times['softmax', beam] / t:.2f}x" if ("softmax", beam) in times else "-"
-            row += [f"{1e3 * t:.0f}", f"{SENTENCES * TARGET_LENGTH / t:.0f}", ratio]
-        print(f"| {name} | {D} | " + " | ".join(row) + " |", flush=True)
+    print(f"# decoding with fairseq's SequenceGenerator; {platform.machine()} {os.cpu_count()} cores, "
+          f"torch {torch.__version__}, {args.threads} thread(s), {time.strftime('%Y-%m-%d')}")
+    lists = run_translation(args, dictionary)
+    if args.lm:
+        run_language_models(args, dictionary)
     if args.nbest_out:
         with open(args.nbest_out, "w") as f:
             json.dump(lists, f)

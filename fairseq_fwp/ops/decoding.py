@@ -31,9 +31,9 @@ import torch
 def sum_step_(W, q, k, v):
     """Sum rule, one token; W is updated in place. Returns out ``[B, H, Dv]``."""
     q, k, v = (x.to(W.dtype) for x in (q, k, v))
-    out = (W @ q.unsqueeze(-1)).squeeze(-1)
+    out = _read(W, q.unsqueeze(-2)).squeeze(-2)
     out.addcmul_(v, (k * q).sum(-1, keepdim=True))
-    _rank_one_update_(W, v, k)
+    W.addcmul_(v.unsqueeze(-1), k.unsqueeze(-2))  # W += v k^T, no outer-product temporary
     return out
 
 
@@ -41,18 +41,18 @@ def sum_step_(W, q, k, v):
 def delta_step_(W, q, k, v, beta):
     """Delta rule, one token; W is updated in place. Returns out ``[B, H, Dv]``."""
     q, k, v, beta = (x.to(W.dtype) for x in (q, k, v, beta))
-    read = W @ torch.stack([k, q], dim=-1)  # one pass over W: [B, H, Dv, 2]
-    vbar, out = read[..., 0], read[..., 1]
+    read = _read(W, torch.stack([k, q], dim=-2))  # one pass over W: [B, H, 2, Dv]
+    vbar, out = read[..., 0, :], read[..., 1, :]
     u = (v - vbar).mul_(beta.unsqueeze(-1))  # pseudo-value beta (v - vbar)
     out.addcmul_(u, (k * q).sum(-1, keepdim=True))
-    _rank_one_update_(W, u, k)
+    W.addcmul_(u.unsqueeze(-1), k.unsqueeze(-2))
     return out
 
 
-def _rank_one_update_(W, u, k):
-    """W += u k^T for every (batch, head), without an outer-product temporary."""
-    Dv, D = W.shape[-2:]
-    W.view(-1, Dv, D).baddbmm_(u.reshape(-1, Dv, 1), k.reshape(-1, 1, D))
+def _read(W, rows):
+    """rows ``[B, H, n, D]`` times W^T: W x for each row x (row vectors against W^T run about
+    twice as fast on CPUs as W times column vectors)."""
+    return rows @ W.transpose(-1, -2)
 
 
 def factored_length_limit(D, Dv):
