@@ -197,3 +197,27 @@ def test_every_validation_subset_starts_its_streams_from_zero(lm_data, tmp_path)
     alone = train_lm(lm_data, tmp_path / "b", "--valid-subset", "test", *flags, max_update=3,
                      tokens_per_sample=16, task="fwp_stream_lm")
     assert valid_losses(both)["test"] == valid_losses(alone)["test"]
+
+
+def test_random_stream_offsets_move_training_streams_per_epoch(lm_data):
+    from fairseq import tasks
+    from fairseq_models import parse_args
+
+    args = parse_args("fwp_stream_lm", "fwp_lm_tiny", "--fwp-stream-offset", "random", "--batch-size", "3",
+                      "--tokens-per-sample", "16")
+    args.data = str(lm_data)
+    task = tasks.setup_task(args)
+    for split in ("train", "valid"):
+        task.load_dataset(split)
+
+    def epoch_targets(split, epoch):
+        itr = task.get_batch_iterator(task.dataset(split), max_sentences=3, epoch=epoch).next_epoch_itr(shuffle=False)
+        return torch.cat([batch["target"] for batch in itr], dim=1)
+
+    first, second = epoch_targets("train", 1), epoch_targets("train", 2)
+    assert not torch.equal(first, second)  # the streams moved
+    pad = task.dictionary.pad()
+    # every token is still a target exactly once per epoch
+    assert torch.equal(first[first.ne(pad)].sort().values, second[second.ne(pad)].sort().values)
+    assert torch.equal(epoch_targets("train", 2), second)  # reproducible from (seed, epoch)
+    assert torch.equal(epoch_targets("valid", 1), epoch_targets("valid", 2))  # validation never moves

@@ -69,6 +69,9 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
     "performer-sum": ("language_modeling", PERFORMER + ["16"] + SUM),
     "performer-delta": ("language_modeling", PERFORMER + ["16"]),
     "linear-delta-carry": ("fwp_stream_lm", []),
+    # issue 17: streams moved every epoch; the carried Linear Transformer of Table 4
+    "linear-delta-carry-offset": ("fwp_stream_lm", ["--fwp-stream-offset", "random"]),
+    "linear-sum-carry": ("fwp_stream_lm", ["--fwp-update-rule", "sum", "--fwp-stream-offset", "random"]),
 }
 WIKITEXT2_LENGTH = 64
 # test.txt from the article boundary nearest 3/4 of the way is the test part: the

@@ -17,6 +17,12 @@ the second forward of --checkpoint-activations) starts where it started
 before. The state is not part of a checkpoint: a run resumed in the middle
 of an epoch continues its streams from a zero state.
 
+`--fwp-stream-offset random` moves the streams from epoch to epoch: each
+training epoch reads the text from a random offset (wrapping around from the
+end of the split to its start, between two articles), so segment borders and
+the age of the carried state differ at every text position from one epoch to
+the next. Validation and evaluation always read from the start.
+
 FAVOR+ with carry-over: the carried W is only meaningful in the feature
 space it was written in, so while streams are carried the random features
 stay fixed; they are redrawn at the start of every training epoch, when the
@@ -53,6 +59,9 @@ from ..modules.feature_maps import PerformerFeatureMap
 logger = logging.getLogger(__name__)
 
 
+STREAM_OFFSETS = ("none", "random")
+
+
 @dataclass
 class StreamLanguageModelingConfig(FairseqDataclass):
     data: Optional[str] = field(default=None, metadata={"help": "path to data directory (fairseq-preprocess --only-source)"})
@@ -60,9 +69,15 @@ class StreamLanguageModelingConfig(FairseqDataclass):
     fwp_carry_over: ChoiceEnum(ON_OFF) = field(
         default="on", metadata={"help": "carry each layer's fast weights into the next segment of the stream "
                                          "(off: every segment starts from zero, the Table 4 baseline)"})
+    fwp_stream_offset: ChoiceEnum(STREAM_OFFSETS) = field(
+        default="none", metadata={"help": "random: every training epoch reads the text from a random offset "
+                                           "(wrapping around), so stream and segment borders move from epoch to "
+                                           "epoch; none: the same streams every epoch"})
     max_target_positions: Optional[int] = II("task.tokens_per_sample")
     add_bos_token: bool = field(default=False, metadata={"help": "unused; read by the LM model config"})
     batch_size: Optional[int] = II("dataset.batch_size")
+    train_subset: str = II("dataset.train_subset")
+    seed: int = II("common.seed")
 
 
 class TokenStream(FairseqDataset):
@@ -192,7 +207,13 @@ class StreamLanguageModelingTask(FairseqTask):
         if not max_sentences:
             raise ValueError("fwp_stream_lm needs --batch-size (and --batch-size-valid, or eval-lm's --batch-size): "
                              "the number of parallel streams")
-        segments = StreamSegments(dataset.tokens, self.dictionary, max_sentences, self.cfg.tokens_per_sample,
+        tokens = dataset.tokens
+        if self.cfg.fwp_stream_offset == "random" and dataset is self.datasets.get(self.cfg.train_subset):
+            # the same offset on every rank: drawn from (seed, epoch)
+            offset = int(torch.randint(len(tokens), (), generator=torch.Generator().manual_seed(
+                self.cfg.seed * 1_000_003 + epoch)))
+            tokens = torch.cat([tokens[offset:], tokens[:offset]])
+        segments = StreamSegments(tokens, self.dictionary, max_sentences, self.cfg.tokens_per_sample,
                                   shard_id, num_shards)
         return iterators.EpochBatchIterator(
             dataset=segments, collate_fn=segments.collater, batch_sampler=[[i] for i in range(len(segments))],
