@@ -36,3 +36,26 @@ def outputs_and_grads(rule, inputs, backend, seed=1):
     wrt = [x for x in inputs if x is not None and x.requires_grad and (rule == "delta" or x is not inputs[3])]
     grads = torch.autograd.grad(loss, wrt)
     return [out.detach(), W.detach()] + list(grads)
+
+
+def make_decay(B, H, T, dtype=torch.float64, low=0.5, seed=3):
+    """Decays a_t in (low, 1), with requires_grad."""
+    g = torch.Generator().manual_seed(seed)
+    return (low + (1 - low) * torch.rand(B, H, T, generator=g, dtype=dtype)).requires_grad_()
+
+
+def gated_outputs_and_grads(rule, inputs, decay, backend, seed=1):
+    """outputs_and_grads for the gated rules: the decay's gradient comes last."""
+    from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
+
+    q, k, v, beta, W0 = inputs
+    if rule == "sum":
+        out, W = fast_weight_sum(q, k, v, W0, decay=decay, backend=backend)
+    else:
+        out, W = fast_weight_delta(q, k, v, beta, W0, decay=decay, backend=backend)
+    g = torch.Generator().manual_seed(seed)
+    w_out = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device)
+    w_state = torch.randn(W.shape, generator=g, dtype=W.dtype).to(W.device)
+    wrt = [x for x in inputs if x is not None and x.requires_grad and (rule == "delta" or x is not inputs[3])]
+    grads = torch.autograd.grad((out * w_out).sum() + (W * w_state).sum(), wrt + [decay])
+    return [out.detach(), W.detach()] + list(grads)

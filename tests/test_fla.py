@@ -171,3 +171,47 @@ def test_gpu_auto_uses_fla_where_it_fits_and_chunked_elsewhere():
     assert resolve_backend("auto", q, 64) == "fla"
     assert resolve_backend("auto", q.double(), 64) == "chunked"
     assert resolve_backend("auto", torch.rand(1, 1, 4, 512, device="cuda"), 64) == "chunked"
+
+
+# -- the gated rules (decay) -------------------------------------------------------
+
+
+def test_gated_sum_float32_matches_reference():
+    from op_inputs import gated_outputs_and_grads, make_decay
+
+    inputs = make_inputs(1, 2, 29, 8, 6, dtype=torch.float32)
+    decay = make_decay(1, 2, 29, dtype=torch.float32)
+    got = gated_outputs_and_grads("sum", inputs, decay, "fla")
+    want = gated_outputs_and_grads("sum", inputs, decay, "reference")
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_gated_delta_float32_forward_matches_reference_and_training_is_refused():
+    """fla's recurrent gated delta rule has no backward: inference only; auto runs chunked for training."""
+    from op_inputs import make_decay
+
+    q, k, v, beta, W0 = (x.detach() for x in make_inputs(1, 2, 21, 8, 6, dtype=torch.float32))
+    decay = make_decay(1, 2, 21, dtype=torch.float32).detach()
+    with torch.no_grad():
+        out, W = fast_weight_delta(q, k, v, beta, W0, decay=decay, backend="fla")
+    want_out, want_W = fast_weight_delta(q, k, v, beta, W0, decay=decay, backend="reference")
+    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(W, want_W, rtol=1e-4, atol=1e-4)
+    with pytest.raises(BackendUnavailableError, match="no backward"):
+        fast_weight_delta(q.requires_grad_(), k, v, beta, W0, decay=decay, backend="fla")
+
+
+@GPU
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_gated_half_types_match_reference(rule, dtype):
+    from op_inputs import gated_outputs_and_grads, make_decay
+
+    inputs = on_gpu(make_inputs(2, 4, 200, 64, 64, dtype=torch.float32), dtype)
+    decay = make_decay(2, 4, 200, dtype=torch.float32).detach().cuda().requires_grad_()
+    got = gated_outputs_and_grads(rule, inputs, decay, "fla")
+    reference_inputs = [None if x is None else x.detach().float().requires_grad_() for x in inputs]
+    want = gated_outputs_and_grads(rule, reference_inputs, decay, "reference")
+    for a, b in zip(got, want):
+        assert relative_error(a, b) < 3e-2

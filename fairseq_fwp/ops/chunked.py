@@ -15,43 +15,10 @@ Activation memory kept for backward (per batch row and head):
   weight is ever stored.
 """
 import torch
-import torch.nn.functional as F
 
+from .chunked_gated import gated_chunked
+from .chunking import DEFAULT_CHUNK_SIZE, default_chunk_size, from_chunks, to_chunks  # noqa: F401
 from .reference import delta_step, sum_step
-
-DEFAULT_CHUNK_SIZE = 64
-
-
-def default_chunk_size(feature_dim):
-    """Chunk length C for feature size D.
-
-    The C x C work (the triangular solve, C^2 D products) must not swamp the
-    D-sized work: measured fwd+bwd on the 2-core CPU (docs/benchmarks.md),
-    C = 32 is 2.7x faster than C = 64 at D = 16, and C = 64 is best at
-    D = 64 and D = 128.
-    """
-    return 32 if feature_dim <= 32 else DEFAULT_CHUNK_SIZE
-
-
-def _to_chunks(x, chunk):
-    """[B, H, T, *F] -> [B, H, N, C, *F], zero-padding T up to N * C.
-
-    Zero keys (and zero beta) at padded positions write nothing, so the final
-    state is unaffected; padded outputs are sliced off by the caller.
-    """
-    T = x.shape[2]
-    pad = (-T) % chunk
-    if pad:
-        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
-    # Contiguous chunks: inputs are often permuted views ([T, B, H, d] memory),
-    # and batched matmuls on such strides fall back to one matrix at a time.
-    return x.reshape(*x.shape[:2], -1, chunk, *x.shape[3:]).contiguous()
-
-
-def _from_chunks(x, T):
-    """[B, H, N, C, F] -> [B, H, T, F] (drops the padding)."""
-    return x.reshape(*x.shape[:2], -1, x.shape[-1])[:, :, :T]
-
 
 def _t(x):
     return x.transpose(-1, -2)
@@ -91,7 +58,7 @@ class _SumRuleChunked(torch.autograd.Function):
     def forward(ctx, q, k, v, S0, chunk):
         ctx.set_materialize_grads(False)
         T = q.shape[2]
-        Q, K, V = (_to_chunks(x, chunk) for x in (q, k, v))
+        Q, K, V = (to_chunks(x, chunk) for x in (q, k, v))
         S_end = _sum_chunk_ends(K, V, S0)
         S_start = _chunk_starts(S0, S_end)
         A = (Q @ _t(K)).tril()  # inclusive: out_t reads W_t, which has step t
@@ -100,14 +67,14 @@ class _SumRuleChunked(torch.autograd.Function):
             _add_matmul_(out, Q, S_start)
         ctx.save_for_backward(q, k, v, S0)
         ctx.chunk = chunk
-        return _from_chunks(out, T), S_end[:, :, -1]
+        return from_chunks(out, T), S_end[:, :, -1]
 
     @staticmethod
     def backward(ctx, d_out, dS_final):
         q, k, v, S0 = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
         d_out = torch.zeros_like(v) if d_out is None else d_out
-        Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out))
+        Q, K, V, dO = (to_chunks(x, chunk) for x in (q, k, v, d_out))
         S_start = _chunk_starts(S0, _sum_chunk_ends(K, V, S0))
         # Gradient reaching the state at the end of chunk n: every later
         # chunk's queries read it (Q_m^T dO_m) and so does the final state.
@@ -130,7 +97,7 @@ class _SumRuleChunked(torch.autograd.Function):
         dS0 = None
         if ctx.needs_input_grad[3]:
             dS0 = qdo.sum(2) if dS_final is None else dS_final + qdo.sum(2)
-        return (_from_chunks(dq, T), _from_chunks(dk, T), _from_chunks(dv, T), dS0, None)
+        return (from_chunks(dq, T), from_chunks(dk, T), from_chunks(dv, T), dS0, None)
 
 
 def _sum_chunk_ends(K, V, S0):
@@ -168,8 +135,8 @@ class _DeltaRuleChunked(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, S0, chunk):
         ctx.set_materialize_grads(False)
         T = q.shape[2]
-        Q, K, V = (_to_chunks(x, chunk) for x in (q, k, v))
-        b = _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1)
+        Q, K, V = (to_chunks(x, chunk) for x in (q, k, v))
+        b = to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1)
         Tinv, Wk, Uv, KKt = _delta_chunk_factors(K, V, b)
         # Only the chunk-start states are sequential: S_{n+1} = S_n + K_n^T U_n.
         S, ends, U = S0, [], torch.empty_like(Uv)
@@ -188,15 +155,15 @@ class _DeltaRuleChunked(torch.autograd.Function):
             _add_matmul_(out, Q, S_start)
         ctx.save_for_backward(q, k, v, beta, S_start, Tinv, Wk, U, A, KKt)
         ctx.chunk = chunk
-        return _from_chunks(out, T), S
+        return from_chunks(out, T), S
 
     @staticmethod
     def backward(ctx, d_out, dS_final):
         q, k, v, beta, S_start, Tinv, Wk, U, A, KKt = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
         d_out = torch.zeros_like(v) if d_out is None else d_out
-        Q, K, V, dO = (_to_chunks(x, chunk) for x in (q, k, v, d_out))
-        b = _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1).unsqueeze(-1)
+        Q, K, V, dO = (to_chunks(x, chunk) for x in (q, k, v, d_out))
+        b = to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1).unsqueeze(-1)
 
         # Reverse sweep over chunks: the only sequential part of the backward.
         # dU_n = A_n^T dO_n + K_n dS_{n+1};  dS_n = dS_{n+1} + Q_n^T dO_n - Wk_n^T dU_n
@@ -233,47 +200,60 @@ class _DeltaRuleChunked(torch.autograd.Function):
         dV = dR_v.mul_(b)
         db = db.reshape(*db.shape[:2], -1)[:, :, :T]
         dS0 = dS if ctx.needs_input_grad[4] else None
-        return (_from_chunks(dQ, T), _from_chunks(dK, T), _from_chunks(dV, T), db, dS0, None)
+        return (from_chunks(dQ, T), from_chunks(dK, T), from_chunks(dV, T), db, dS0, None)
 
 
-def fast_weight_sum_chunked(q, k, v, state, chunk_size=None):
-    """Sum rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros."""
+def fast_weight_sum_chunked(q, k, v, state, chunk_size=None, decay=None):
+    """Sum rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros; ``decay`` the gated rule's a_t."""
     if q.shape[2] == 1:  # decoding: one recurrent step beats any chunking
-        out, W = sum_step(_zeros_if_none(state, q, v), q[:, :, 0], k[:, :, 0], v[:, :, 0])
+        out, W = sum_step(_zeros_if_none(state, q, v), q[:, :, 0], k[:, :, 0], v[:, :, 0], _first(decay))
         return out.unsqueeze(2), W
+    if decay is not None:
+        return gated_chunked(q, k, v, None, decay, state, chunk_size)
     chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
     out, S = _SumRuleChunked.apply(q, k, v, None if state is None else _t(state), chunk)
     return out, _t(S)
 
 
-def fast_weight_delta_chunked(q, k, v, beta, state, chunk_size=None):
-    """Delta rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros."""
+def fast_weight_delta_chunked(q, k, v, beta, state, chunk_size=None, decay=None):
+    """Delta rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros; ``decay`` the gated rule's a_t."""
     if q.shape[2] == 1:
-        out, W = delta_step(_zeros_if_none(state, q, v), q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0])
+        out, W = delta_step(_zeros_if_none(state, q, v), q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0],
+                            _first(decay))
         return out.unsqueeze(2), W
+    if decay is not None:
+        return gated_chunked(q, k, v, beta, decay, state, chunk_size)
     chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
     out, S = _DeltaRuleChunked.apply(q, k, v, beta, None if state is None else _t(state), chunk)
     return out, _t(S)
+
+
+def _first(decay):
+    return None if decay is None else decay[:, :, 0]
 
 
 def _zeros_if_none(state, q, v):
     return q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1]) if state is None else state
 
 
-def fast_weight_sum_state_chunked(k, v, state):
+def fast_weight_sum_state_chunked(k, v, state, decay=None):
     """Sum rule, final fast weight only: W_T = W_0 + V^T K, one product (autograd)."""
+    if decay is not None:  # the gated form's outputs are computed and dropped
+        return fast_weight_sum_chunked(k, k, v, state, decay=decay)[1]
     W = v.transpose(-1, -2) @ k
     return W if state is None else state + W
 
 
-def fast_weight_delta_state_chunked(k, v, beta, state, chunk_size=None):
+def fast_weight_delta_state_chunked(k, v, beta, state, chunk_size=None, decay=None):
     """Delta rule, final fast weight only: the WY recurrence over chunks, no outputs (autograd).
 
     Keeps per chunk what autograd needs of the factors; no per-step state.
     """
+    if decay is not None:
+        return fast_weight_delta_chunked(k, k, v, beta, state, decay=decay)[1]
     chunk = min(chunk_size or default_chunk_size(k.shape[-1]), k.shape[2])
-    K, V = _to_chunks(k, chunk), _to_chunks(v, chunk)
-    _, Wk, Uv, _ = _delta_chunk_factors(K, V, _to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1))
+    K, V = to_chunks(k, chunk), to_chunks(v, chunk)
+    _, Wk, Uv, _ = _delta_chunk_factors(K, V, to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1))
     S = None if state is None else _t(state)
     for n in range(K.shape[2]):
         U = Uv[:, :, n] if S is None else Uv[:, :, n] - Wk[:, :, n] @ S

@@ -38,8 +38,11 @@ _STATE_IMPLEMENTATIONS = {
 _READS_HALF_TYPES = ("cuda", "fla")
 
 
-def resolve_backend(backend, q, Dv):
-    """Map a backend name (possibly "auto") to the one that runs on q (values of size Dv)."""
+def resolve_backend(backend, q, Dv, gated=None):
+    """Map a backend name (possibly "auto") to the one that runs on q (values of size Dv).
+
+    gated: None for the paper's rules, else fla.GatedUse (the gated rules' needs).
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "auto":
@@ -47,7 +50,9 @@ def resolve_backend(backend, q, Dv):
         # kernels on GPUs (where they fit), the pure-torch chunked form
         # everywhere. The csrc kernels join once the GPU check
         # (scripts/gpu_check.sh) has passed on a GPU.
-        return "fla" if fla.kernels_usable(q) else "chunked"
+        return "fla" if fla.kernels_usable(q, gated) else "chunked"
+    if backend == "cuda" and gated is not None:
+        raise BackendUnavailableError("backend 'cuda' has no gated rules (decay); use 'chunked', 'fla' or 'auto'")
     if backend == "cuda":
         if not q.is_cuda:
             raise BackendUnavailableError(
@@ -56,7 +61,7 @@ def resolve_backend(backend, q, Dv):
         cuda.load_extension()  # raises, saying what is missing
         return "cuda" if cuda.kernels_usable(q, Dv) else "chunked"  # kernels_usable warns
     if backend == "fla":
-        fla.check_usable(q)  # raises, saying why
+        fla.check_usable(q, gated)  # raises, saying why
     return backend
 
 
@@ -84,91 +89,109 @@ def _compute_dtype(tensors):
     return dtype
 
 
-def _prepare(q, k, v, beta, state, backend):
+def _prepare(q, k, v, beta, state, decay, backend):
     """Checks the inputs and picks the backend. Returns (backend, [q, k, v, beta] in the dtype
-    it computes in, the state in the accumulation dtype or None, the output dtype)."""
-    check_inputs(q, k, v, beta, state)
+    it computes in, the state and the decay in the accumulation dtype (or None), the output dtype)."""
+    check_inputs(q, k, v, beta, state, decay)
     dtype = _compute_dtype([q, k, v, beta])
-    name = resolve_backend(backend, q.to(dtype), v.shape[-1])
-    computed = dtype if name in _READS_HALF_TYPES else accumulation_dtype(dtype)
+    gated = None
+    if decay is not None:
+        needs_grad = torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (q, k, v, beta, state, decay))
+        gated = fla.GatedUse(delta=beta is not None, needs_grad=needs_grad)
+    name = resolve_backend(backend, q.to(dtype), v.shape[-1], gated)
+    acc = accumulation_dtype(dtype)
+    computed = dtype if name in _READS_HALF_TYPES else acc
     inputs = [None if x is None else x.to(dtype).to(computed) for x in (q, k, v, beta)]
-    return name, inputs, None if state is None else state.to(accumulation_dtype(dtype)), dtype
+    state, decay = (None if x is None else x.to(acc) for x in (state, decay))
+    return name, inputs, state, decay, dtype
 
 
 def _zero_state(k, v, dtype):
     return k.new_zeros(*k.shape[:2], v.shape[-1], k.shape[-1], dtype=accumulation_dtype(dtype))
 
 
-def _run(rule_index, q, k, v, beta, state, backend):
-    name, (q, k, v, beta), state, dtype = _prepare(q, k, v, beta, state, backend)
+def _gated(decay):
+    """The decay as a keyword for the backends that take one; nothing for the paper's rules."""
+    return {} if decay is None else {"decay": decay}
+
+
+def _run(rule_index, q, k, v, beta, state, decay, backend):
+    name, (q, k, v, beta), state, decay, dtype = _prepare(q, k, v, beta, state, decay, backend)
     if q.shape[2] == 0:
         return v.new_zeros(v.shape, dtype=dtype), _zero_state(k, v, dtype) if state is None else state
     betas = () if beta is None else (beta,)
     with torch.autocast(q.device.type, enabled=False):  # the backends choose their own precision
-        out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state)
+        out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state, **_gated(decay))
     return out.to(dtype), W
 
 
-def _run_state(rule_index, k, v, beta, state, backend):
-    name, (_, k, v, beta), state, dtype = _prepare(k, k, v, beta, state, backend)
+def _run_state(rule_index, k, v, beta, state, decay, backend):
+    name, (_, k, v, beta), state, decay, dtype = _prepare(k, k, v, beta, state, decay, backend)
     if k.shape[2] == 0:
         return _zero_state(k, v, dtype) if state is None else state
     betas = () if beta is None else (beta,)
     with torch.autocast(k.device.type, enabled=False):
-        return _STATE_IMPLEMENTATIONS[name][rule_index](k, v, *betas, state)
+        return _STATE_IMPLEMENTATIONS[name][rule_index](k, v, *betas, state, **_gated(decay))
 
 
-def fast_weight_sum_state(k, v, state=None, *, backend="auto"):
+def fast_weight_sum_state(k, v, state=None, *, decay=None, backend="auto"):
     """The sum rule's final fast weight alone (Eq. 17): W_T = W_0 + sum_t v_t k_t^T.
 
     For memories that are written first and read later (the paper's
     synthetic retrieval, or a prompt carried into decoding): no per-step
     outputs are computed. Arguments and gradients as fast_weight_sum.
     """
-    return _run_state(0, k, v, None, state, backend)
+    return _run_state(0, k, v, None, state, decay, backend)
 
 
-def fast_weight_delta_state(k, v, beta, state=None, *, backend="auto"):
+def fast_weight_delta_state(k, v, beta, state=None, *, decay=None, backend="auto"):
     """The delta rule's final fast weight alone (Eqs. 20, 24); see fast_weight_sum_state."""
-    return _run_state(1, k, v, beta, state, backend)
+    return _run_state(1, k, v, beta, state, decay, backend)
 
 
-def fast_weight_sum(q, k, v, state=None, *, backend="auto"):
+def fast_weight_sum(q, k, v, state=None, *, decay=None, backend="auto"):
     """Sum-rule fast weights (Eq. 17, Eq. 11).
 
     W_t = W_{t-1} + v_t k_t^T;  out_t = W_t q_t.
+    With ``decay`` ``[B, H, T]`` (a_t in (0, 1]): W_t = a_t W_{t-1} + v_t k_t^T
+    (the gated sum rule); None means 1 everywhere, the paper's rule.
 
     Args:
         q, k: ``[B, H, T, D]`` feature-mapped queries and keys.
         v: ``[B, H, T, Dv]`` values.
         state: initial fast weight W ``[B, H, Dv, D]``, or None for zeros.
+        decay: ``[B, H, T]`` in (0, 1], or None.
         backend: one of ``BACKENDS``.
     Returns:
-        ``(out [B, H, T, Dv], W_T [B, H, Dv, D])``. Gradients flow to q, k, v
-        and the initial state.
+        ``(out [B, H, T, Dv], W_T [B, H, Dv, D])``. Gradients flow to q, k, v,
+        the decay and the initial state.
 
     Activation memory kept for backward: ``reference`` one ``Dv x D`` state per
     step (testing only); ``chunked`` only the inputs; ``cuda`` the inputs and
     one ``Dv x D`` state per 16 steps.
     """
-    return _run(0, q, k, v, None, state, backend)
+    return _run(0, q, k, v, None, state, decay, backend)
 
 
-def fast_weight_delta(q, k, v, beta, state=None, *, backend="auto"):
+def fast_weight_delta(q, k, v, beta, state=None, *, decay=None, backend="auto"):
     """Delta-rule fast weights (Eqs. 20, 24, 25).
 
     vbar_t = W_{t-1} k_t;  W_t = W_{t-1} + beta_t (v_t - vbar_t) k_t^T;
     out_t = W_t q_t.
+    With ``decay`` (the gated delta rule, Gated DeltaNet): vbar_t = a_t W_{t-1} k_t
+    and W_t = a_t W_{t-1} + beta_t (v_t - vbar_t) k_t^T.
 
     Args:
         q, k: ``[B, H, T, D]`` feature-mapped queries and keys.
         v: ``[B, H, T, Dv]`` values.
         beta: ``[B, H, T]`` write strengths in (0, 1).
         state: initial fast weight W ``[B, H, Dv, D]``, or None for zeros.
+        decay: ``[B, H, T]`` in (0, 1], or None.
         backend: one of ``BACKENDS``.
     Returns:
         ``(out [B, H, T, Dv], W_T [B, H, Dv, D])``. Gradients flow to q, k, v,
-        beta and the initial state.
+        beta, the decay and the initial state.
 
     The recurrence is stable when ``beta_t * |k_t|^2 <= 2`` (e.g. sum-normalised
     non-negative keys, as the paper uses).
@@ -180,4 +203,4 @@ def fast_weight_delta(q, k, v, beta, state=None, *, backend="auto"):
     inputs, one ``Dv x D`` state per 16 steps and the pseudo-values
     ``beta_t (v_t - vbar_t)`` (the size of v).
     """
-    return _run(1, q, k, v, beta, state, backend)
+    return _run(1, q, k, v, beta, state, decay, backend)

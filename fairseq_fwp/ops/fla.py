@@ -2,9 +2,13 @@
 
 Which kernel runs:
 - float16/bfloat16 with T > 1: the chunkwise kernels, ``chunk_simple_gla``
-  (no gate: the sum rule) and ``chunk_delta_rule``; they take only half types;
+  (the sum rule: without a gate; with g = log a, the gated sum rule),
+  ``chunk_delta_rule`` and ``chunk_gated_delta_rule``; they take only half
+  types;
 - float32, and every single decoding step (T = 1): the recurrent kernels,
-  ``fused_recurrent_simple_gla`` and ``fused_recurrent_delta_rule``.
+  ``fused_recurrent_simple_gla``, ``fused_recurrent_delta_rule`` and
+  ``fused_recurrent_gated_delta_rule`` (which has no backward pass: where the
+  gated delta rule needs gradients there, ``auto`` runs ``chunked``).
 All of them accumulate in float32 and return the state in float32.
 
 Glue, the same for every kernel: fla's layout is ``[B, T, H, D]`` (ours
@@ -17,6 +21,7 @@ interpreter (``TRITON_INTERPRET=1`` before triton is imported), which is how
 the recurrent kernels are tested on machines without a GPU; the chunkwise
 kernels need a GPU (tests/test_fla.py, scripts/gpu_check.sh).
 """
+import collections
 import functools
 import importlib
 import os
@@ -28,6 +33,8 @@ from .errors import BackendUnavailableError
 MAX_FEATURES = 256  # chunk_delta_rule's largest head size
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+# What a gated call needs of the kernels: the delta rule? gradients?
+GatedUse = collections.namedtuple("GatedUse", "delta needs_grad")
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,6 +43,7 @@ def kernels():
     try:
         simple_gla = importlib.import_module("fla.ops.simple_gla")
         delta_rule = importlib.import_module("fla.ops.delta_rule")
+        gated_delta_rule = importlib.import_module("fla.ops.gated_delta_rule")
     except ImportError as err:
         raise BackendUnavailableError(
             f"backend 'fla' needs flash-linear-attention ({err}): pip install fla-core triton "
@@ -45,6 +53,10 @@ def kernels():
         ("sum", "recurrent"): simple_gla.fused_recurrent_simple_gla,
         ("delta", "chunk"): delta_rule.chunk_delta_rule,
         ("delta", "recurrent"): delta_rule.fused_recurrent_delta_rule,
+        ("gated-sum", "chunk"): simple_gla.chunk_simple_gla,
+        ("gated-sum", "recurrent"): simple_gla.fused_recurrent_simple_gla,
+        ("gated-delta", "chunk"): gated_delta_rule.chunk_gated_delta_rule,
+        ("gated-delta", "recurrent"): gated_delta_rule.fused_recurrent_gated_delta_rule,
     }
 
 
@@ -53,8 +65,9 @@ def interpreting():
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def unfit_reason(x):
-    """Why fla cannot take x ([B, H, T, D]); None if it can (fla itself not checked)."""
+def unfit_reason(x, gated=None):
+    """Why fla cannot take x ([B, H, T, D]) for a call with `gated` (a GatedUse, or None for the
+    paper's rules); None if it can (fla itself not checked)."""
     if not (x.is_cuda or interpreting()):
         return (f"backend 'fla' runs on CUDA tensors, but q is on {x.device} "
                 "(on the CPU only through Triton's interpreter, TRITON_INTERPRET=1)")
@@ -62,12 +75,14 @@ def unfit_reason(x):
         return f"backend 'fla' takes float32, float16 or bfloat16, got {x.dtype}"
     if x.shape[-1] > MAX_FEATURES:
         return f"backend 'fla' takes feature sizes D <= {MAX_FEATURES}, got D = {x.shape[-1]}"
+    if gated is not None and gated.delta and gated.needs_grad and kernel_form(x.dtype, x.shape[2]) == "recurrent":
+        return "fla's recurrent gated delta rule (float32, or one step) has no backward pass"
     return None
 
 
-def kernels_usable(x):
+def kernels_usable(x, gated=None):
     """Whether backend="auto" may send x to fla: a CUDA tensor that fla takes, and fla installed."""
-    if not x.is_cuda or unfit_reason(x) is not None:
+    if not x.is_cuda or unfit_reason(x, gated) is not None:
         return False
     try:
         kernels()
@@ -76,9 +91,9 @@ def kernels_usable(x):
     return True
 
 
-def check_usable(x):
+def check_usable(x, gated=None):
     """Raises BackendUnavailableError saying why fla cannot take x."""
-    reason = unfit_reason(x)
+    reason = unfit_reason(x, gated)
     if reason is not None:
         raise BackendUnavailableError(reason + "; backend='chunked' works everywhere")
     kernels()
@@ -107,30 +122,32 @@ def _initial_state(state, inputs):
     return initial
 
 
-def _run(rule, q, k, v, beta, state):
-    kernel = kernels()[rule, kernel_form(q.dtype, q.shape[2])]
+def _run(rule, q, k, v, beta, state, decay):
     to_fla = lambda x: x.transpose(1, 2)  # noqa: E731  [B, H, T, ...] <-> [B, T, H, ...]
-    betas = () if beta is None else (to_fla(beta),)
-    initial = _initial_state(state, [x for x in (q, k, v, beta) if x is not None])
-    out, final = kernel(to_fla(q), to_fla(k), to_fla(v), *betas, scale=1.0, initial_state=initial,
-                        output_final_state=True)
+    options = {} if beta is None else {"beta": to_fla(beta)}
+    if decay is not None:  # fla takes the gate in log space
+        rule, options["g"] = "gated-" + rule, to_fla(decay.log())
+    kernel = kernels()[rule, kernel_form(q.dtype, q.shape[2])]
+    initial = _initial_state(state, [x for x in (q, k, v, beta, decay) if x is not None])
+    out, final = kernel(to_fla(q), to_fla(k), to_fla(v), scale=1.0, initial_state=initial, output_final_state=True,
+                        **options)
     return to_fla(out), final.transpose(-1, -2)
 
 
-def fast_weight_sum_fla(q, k, v, state):
-    """Sum rule (Eq. 17); ``state`` W ``[B, H, Dv, D]`` in float32, or None for zeros."""
-    return _run("sum", q, k, v, None, state)
+def fast_weight_sum_fla(q, k, v, state, decay=None):
+    """Sum rule (Eq. 17; gated with decay); ``state`` W ``[B, H, Dv, D]`` in float32, or None for zeros."""
+    return _run("sum", q, k, v, None, state, decay)
 
 
-def fast_weight_delta_fla(q, k, v, beta, state):
-    """Delta rule (Eqs. 20, 24, 25); see fast_weight_sum_fla."""
-    return _run("delta", q, k, v, beta, state)
+def fast_weight_delta_fla(q, k, v, beta, state, decay=None):
+    """Delta rule (Eqs. 20, 24, 25; gated with decay); see fast_weight_sum_fla."""
+    return _run("delta", q, k, v, beta, state, decay)
 
 
 # fla has no state-only kernels: the full ones, with the keys as queries and the outputs dropped.
-def fast_weight_sum_state_fla(k, v, state):
-    return fast_weight_sum_fla(k, k, v, state)[1]
+def fast_weight_sum_state_fla(k, v, state, decay=None):
+    return fast_weight_sum_fla(k, k, v, state, decay)[1]
 
 
-def fast_weight_delta_state_fla(k, v, beta, state):
-    return fast_weight_delta_fla(k, k, v, beta, state)[1]
+def fast_weight_delta_state_fla(k, v, beta, state, decay=None):
+    return fast_weight_delta_fla(k, k, v, beta, state, decay)[1]
