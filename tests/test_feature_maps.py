@@ -138,9 +138,22 @@ def test_performer_rejects_bad_num_features():
 
 
 def test_unknown_feature_map_lists_choices():
-    with pytest.raises(ValueError, match="linear, performer, dpfp"):
+    with pytest.raises(ValueError, match="linear, performer, dpfp, silu"):
         build_feature_map("relu", 8)
-    assert FEATURE_MAPS == ("linear", "performer", "dpfp")
+    assert FEATURE_MAPS == ("linear", "performer", "dpfp", "silu")
+
+
+def test_silu_and_l2_normalisation():
+    from fairseq_fwp.modules.feature_maps import l2_normalize, normalize_features
+
+    x = torch.randn(3, 4, 8, dtype=torch.float64)
+    torch.testing.assert_close(build_feature_map("silu", 8)(x), x * torch.sigmoid(x))
+    phi = l2_normalize(x)
+    torch.testing.assert_close(phi.norm(dim=-1), torch.ones(3, 4, dtype=torch.float64))
+    torch.testing.assert_close(phi * x.norm(dim=-1, keepdim=True), x)
+    assert torch.equal(l2_normalize(torch.zeros(2, 5)), torch.zeros(2, 5))  # no 0/0
+    torch.testing.assert_close(normalize_features(x.abs(), "sum"), sum_normalize(x.abs()))
+    assert normalize_features(x, "none") is x
 
 
 def test_sum_normalize_never_nan():

@@ -13,8 +13,14 @@ MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--fwp-feature-map", "relu", "invalid choice: 'relu' (choose from 'softmax', 'linear', 'performer', 'dpfp')"),
-        ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'delta')"),
+        ("--fwp-feature-map", "relu", "invalid choice: 'relu' (choose from 'softmax', 'linear', 'performer', 'dpfp', 'silu')"),
+        ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'delta', 'gated-sum', 'gated-delta')"),
+        ("--fwp-decay-form", "exp", "invalid choice: 'exp' (choose from 'mamba2', 'logsigmoid')"),
+        ("--fwp-qk-norm", "l1", "invalid choice: 'l1' (choose from 'sum', 'l2')"),
+        ("--fwp-short-conv", "1", "expected 0 (none) or a kernel size >= 2, got 1"),
+        ("--fwp-short-conv", "-4", "expected an integer >= 0, got -4"),
+        ("--fwp-output-gate", "yes", "invalid choice: 'yes' (choose from 'on', 'off')"),
+        ("--fwp-softmax-layers", "every4", "expected comma-separated layer indices such as 3,7, got 'every4'"),
         ("--fwp-backend", "gpu", "invalid choice: 'gpu' (choose from 'auto', 'reference', 'chunked', 'cuda', 'fla')"),
         ("--fwp-dpfp-nu", "0", "expected an integer >= 1, got 0"),
         ("--fwp-dpfp-nu", "two", "expected an integer >= 1, got 'two'"),

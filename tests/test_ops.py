@@ -313,3 +313,30 @@ def test_factored_decoding_steps_equal_the_functional_steps(rule):
         torch.testing.assert_close(decoding.materialize(keys, writes), W_ref, rtol=1e-12, atol=1e-12)
     assert keys.shape == (3, 2, 7, 9) and writes.shape == (3, 2, 7, 4)
     assert decoding.factored_length_limit(256, 64) == 51 and decoding.factored_length_limit(64, 64) == 32
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_decoding_steps_of_the_gated_rules(rule):
+    """In place (from a given W) and factored (from an empty memory), with a decay."""
+    from fairseq_fwp.ops import decoding
+    from fairseq_fwp.ops.reference import delta_step, sum_step
+
+    q, k, v, beta, W0 = (x.detach() for x in make_inputs(2, 2, 6, 5, 3))
+    decay = 0.5 + 0.5 * torch.rand(2, 2, 6, dtype=torch.float64)
+    for start in (W0, None):
+        W_ref = torch.zeros_like(W0) if start is None else start.clone()
+        W, keys, writes = (None if start is None else start.clone()), None, None
+        for t in range(6):
+            args = (q[:, :, t], k[:, :, t], v[:, :, t])
+            b, a = (beta[:, :, t] if rule == "delta" else None), decay[:, :, t]
+            if rule == "sum":
+                want, W_ref = sum_step(W_ref, *args, a)
+            else:
+                want, W_ref = delta_step(W_ref, *args, b, a)
+            if start is None:
+                got, keys, writes = decoding.factored_step(keys, writes, *args, b, a, dtype=torch.float64)
+                W = decoding.materialize(keys, writes)
+            else:
+                got = decoding.sum_step_(W, *args, a) if rule == "sum" else decoding.delta_step_(W, *args, b, a)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(W, W_ref, rtol=1e-12, atol=1e-12)

@@ -89,13 +89,13 @@ def test_carried_state_is_detached_and_kept_apart_for_training_and_evaluation():
     model.train()
     start_segment(model, 0)
     model(tokens)[0].sum().backward()
-    train_state = layers[0]._streams[True]["end"]["fast_weight"]
+    train_state = layers[0].streams.last(True)["fast_weight"]
     assert train_state.grad_fn is None and not train_state.requires_grad
     model.eval()
     with torch.no_grad():
         start_segment(model, 0)
         model(tokens)
-    assert layers[0]._streams[True]["end"]["fast_weight"] is train_state  # evaluation left it alone
+    assert layers[0].streams.last(True)["fast_weight"] is train_state  # evaluation left it alone
     model.train()
     start_segment(model, 1)
     with pytest.raises(RuntimeError, match="same streams"):

@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from examples.synthetic_retrieval import data, plot, sweep, train
-from examples.synthetic_retrieval.models import DeltaMemory, FastWeightMemory2021, GatedMemory, SumMemory, build_model
+from examples.synthetic_retrieval.models import (
+    DeltaMemory, FastWeightMemory2021, GatedDeltaMemory, GatedMemory, SumMemory, build_model,
+)
 from fairseq_fwp.modules.feature_maps import build_feature_map
 
 
@@ -74,7 +76,7 @@ def test_evaluation_asks_every_distinct_key_once():
 
 # ---------------------------------------------------------------- models
 
-@pytest.mark.parametrize("name", ["softmax", "delta-dpfp1"])
+@pytest.mark.parametrize("name", ["softmax", "delta-dpfp1", "gdelta-dpfp1"])
 def test_write_input_equals_projecting_the_concatenated_x(name):
     torch.manual_seed(0)
     model = build_model(name, 10).double()
@@ -123,6 +125,21 @@ def test_delta_rule_overwrites_one_association_and_keeps_the_others():
     gated = GatedMemory(torch.nn.Identity())
     y = gated.read(gated.write(one_hot_keys, values, beta), read)
     torch.testing.assert_close(y[0, 1], torch.zeros(3, dtype=torch.float64))  # v2 is gone
+
+
+def test_gated_delta_memory_unrolls_the_gated_delta_rule():
+    k, v, beta, _ = random_memory_inputs()
+    decay = 0.5 + 0.5 * torch.rand(2, 7, dtype=torch.float64)
+    W = torch.zeros(2, 5, 64, dtype=torch.float64)
+    for i in range(k.shape[1]):  # W_i = a_i W_{i-1} + beta_i (v_i - a_i W_{i-1} k_i) k_i^T
+        W = decay[:, i, None, None] * W
+        u = beta[:, i, None] * (v[:, i] - (W @ k[:, i, :, None]).squeeze(-1))
+        W = W + u[:, :, None] * k[:, i, None, :]
+    torch.testing.assert_close(GatedDeltaMemory(torch.nn.Identity()).write(k, v, beta, decay), W)
+    model = build_model("gdelta-linear", 5)
+    keys, values, queries, _ = data.training_batch(2, 5, setting=2)
+    model(keys, values, queries).sum().backward()
+    assert model.decay_gate.A_log.grad is not None and model.decay_gate.dt_bias.grad is not None
 
 
 def test_fwm_bounds_the_fast_weight_and_normalises_the_output():

@@ -62,13 +62,14 @@ def run(rule_name, inputs, dtype, tokens, segment, dim=64, heads=4, seed=0):
     generator = torch.Generator().manual_seed(seed)
     result, max_out, max_z, finite = {}, 0.0, 0.0, True
     start = time.time()
-    for done in range(segment, tokens + 1, segment):
+    for position, done in enumerate(range(segment, tokens + 1, segment)):
+        layer.start_segment(position, training=False)
         out = layer(segment_inputs(inputs, segment, dim, generator).to(dtype), None, None)[0].float()
-        state = layer._carried[False]
+        state = layer.streams.last(False)
         W = state["fast_weight"]
         finite &= bool(torch.isfinite(out).all() and torch.isfinite(W).all())
         max_out = max(max_out, out.abs().max().item())
-        if state["key_sum"] is not None:
+        if state.get("key_sum") is not None:
             max_z = max(max_z, state["key_sum"].abs().max().item())
         for checkpoint in CHECKPOINTS:
             if done == checkpoint or (checkpoint > tokens and done == tokens):

@@ -22,6 +22,9 @@ Models are named ``softmax`` or ``RULE-PHI`` (``names.py``):
              the sum of phi(q) (the authors' code) is the same thing.
 - ``gated``: Peng et al.'s rule of Appendix B, W = (1 - beta) W + beta v phi'(k)^T
              (Eq. 52), with the same sum-normalised phi' as ``delta``.
+- ``gdelta``: the gated delta rule (Gated DeltaNet, 2025): ``delta`` with a
+             decay a_i from the write input (Mamba-2's form, the plugin's
+             DecayGate): W_i = a_i W_{i-1} + beta_i (v_i - a_i W_{i-1} phi'(k_i)) phi'(k_i)^T.
 - ``fwm``:   the fast weight memory of Schlag et al. (2021) as the authors
              ported it: unnormalised keys (``tanh``, or a phi for the ablation),
              the delta rule, W divided by max(1, ||W||_F) after every write, and a
@@ -40,6 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fairseq_fwp.modules.feature_maps import build_feature_map, start_training_step, sum_normalize
+from fairseq_fwp.modules.gates import DecayGate
 from fairseq_fwp.ops import fast_weight_delta_state, fast_weight_sum_state
 
 from .names import D_KEY, parse_model_name
@@ -69,7 +73,7 @@ class SoftmaxMemory(nn.Module):
 
     uses_beta = False
 
-    def forward(self, k, v, beta, q):
+    def forward(self, k, v, beta, q, decay=None):
         scores = q @ k.transpose(-1, -2) / math.sqrt(k.shape[-1])  # [B, Q, L]
         return scores.softmax(-1) @ v
 
@@ -81,6 +85,7 @@ class FastWeightMemory(nn.Module):
     """
 
     uses_beta = True
+    uses_decay = False  # the gated delta rule's a_i
     sum_normalized = False  # phi' = phi / sum(phi) (Eq. 29) for keys and query
 
     def __init__(self, phi):
@@ -91,25 +96,27 @@ class FastWeightMemory(nn.Module):
         features = self.phi(x)
         return sum_normalize(features) if self.sum_normalized else features
 
-    def forward(self, k, v, beta, q):
+    def forward(self, k, v, beta, q, decay=None):
         if self.training:
             start_training_step(self.phi)  # FAVOR+: new random features every mini-batch (Sec. 5.3)
-        fast_weight = self.write(self.features(k), v, beta)
+        fast_weight = self.write(self.features(k), v, beta, *((decay,) if self.uses_decay else ()))
         return self.read(fast_weight, self.features(q))
 
     def read(self, fast_weight, phi_q):
         return phi_q @ fast_weight.transpose(-1, -2)  # y = W phi(q) (Eq. 25)
 
 
-def final_fast_weight(op, phi_k, v, beta=None, state=None):
+def final_fast_weight(op, phi_k, v, beta=None, state=None, decay=None):
     """Run a plugin state-only op on one head: the final fast weight, ``[B, Dv, D]``.
 
-    phi_k ``[B, T, D]``, v ``[B, T, Dv]``, beta ``[B, T]``, state ``[B, Dv, D]``.
+    phi_k ``[B, T, D]``, v ``[B, T, Dv]``, beta and decay ``[B, T]``, state ``[B, Dv, D]``.
     The query comes after the sequence, so no per-step outputs are needed:
     fast_weight_sum_state / fast_weight_delta_state compute none.
     """
     betas = () if beta is None else (beta.unsqueeze(1),)
-    fast_weight = op(phi_k.unsqueeze(1), v.unsqueeze(1), *betas, None if state is None else state.unsqueeze(1))
+    gated = {} if decay is None else {"decay": decay.unsqueeze(1)}
+    fast_weight = op(phi_k.unsqueeze(1), v.unsqueeze(1), *betas, None if state is None else state.unsqueeze(1),
+                     **gated)
     return fast_weight.squeeze(1)
 
 
@@ -137,6 +144,15 @@ class DeltaMemory(FastWeightMemory):
 
     def write(self, phi_k, v, beta):
         return final_fast_weight(fast_weight_delta_state, phi_k, v, beta)
+
+
+class GatedDeltaMemory(DeltaMemory):
+    """The gated delta rule: the delta rule with a decay a_i (fast_weight_delta_state's decay)."""
+
+    uses_decay = True
+
+    def write(self, phi_k, v, beta, decay):
+        return final_fast_weight(fast_weight_delta_state, phi_k, v, beta, decay=decay)
 
 
 class GatedMemory(FastWeightMemory):
@@ -179,7 +195,8 @@ class FastWeightMemory2021(FastWeightMemory):
         return F.layer_norm(y, y.shape[-1:])
 
 
-MEMORIES = {"sum": SumMemory, "delta": DeltaMemory, "gated": GatedMemory, "fwm": FastWeightMemory2021}
+MEMORIES = {"sum": SumMemory, "delta": DeltaMemory, "gated": GatedMemory, "gdelta": GatedDeltaMemory,
+            "fwm": FastWeightMemory2021}
 
 
 # ---------------------------------------------------------------- the model
@@ -196,6 +213,7 @@ class RetrievalModel(nn.Module):
         self.W_k = nn.Linear(num_keys + embedding_size, d_key)
         self.W_q = nn.Linear(embedding_size, d_key)
         self.W_b = nn.Linear(num_keys + embedding_size, 1) if memory.uses_beta else None
+        self.decay_gate = DecayGate(num_keys + embedding_size, 1) if getattr(memory, "uses_decay", False) else None
         for projection in (self.W_k, self.W_q):
             if isinstance(memory, SoftmaxMemory):
                 nn.init.xavier_uniform_(projection.weight)  # as the authors' softmax baseline
@@ -207,8 +225,12 @@ class RetrievalModel(nn.Module):
     def forward(self, keys, values, queries):
         """keys, values ``[B, L]``, queries ``[B, Q]`` (indices) -> retrieved values ``[B, Q, S]``."""
         beta = torch.sigmoid(self.write_input(self.W_b, keys, values)).squeeze(-1) if self.W_b is not None else None
+        decay = None
+        if self.decay_gate is not None:  # [B, L, 1] logits -> [B, L] decays
+            decay = self.decay_gate.from_logits(self.write_input(self.decay_gate.proj, keys, values)).squeeze(-1)
         v = F.one_hot(values, self.num_keys).float()
-        return self.memory(self.write_input(self.W_k, keys, values), v, beta, self.W_q(self.embedding(queries)))
+        return self.memory(self.write_input(self.W_k, keys, values), v, beta, self.W_q(self.embedding(queries)),
+                           decay)
 
     def write_input(self, linear, keys, values):
         """``linear(x_i)`` for x_i = [one_hot(value_i); E(key_i)], without building x.
@@ -219,7 +241,8 @@ class RetrievalModel(nn.Module):
         """
         w_value, w_key = linear.weight.split([self.num_keys, self.embedding.embedding_dim], dim=1)
         projected_embedding = self.embedding.weight @ w_key.T  # [S, out]
-        return F.embedding(values, w_value.T) + F.embedding(keys, projected_embedding) + linear.bias
+        out = F.embedding(values, w_value.T) + F.embedding(keys, projected_embedding)
+        return out if linear.bias is None else out + linear.bias
 
 
 def build_model(name, num_keys, d_key=D_KEY):

@@ -1,18 +1,19 @@
 """Model names, ``softmax`` or ``RULE-PHI`` (e.g. ``sum-dpfp2``), checked and labelled without torch.
 
-RULE is the update rule (``sum``, ``delta``, ``gated``, ``fwm``), PHI the
+RULE is the update rule (``sum``, ``delta``, ``gated``, ``gdelta``, ``fwm``), PHI the
 feature map (``linear``, ``dpfpNU``, ``favorM``, and ``tanh`` for ``fwm``
 only); ``models.py`` says what each one computes.
 """
 import re
 
 D_KEY = 64  # the paper's key size, fixed for every model (Sec. 6.1.1)
-RULES = ("sum", "delta", "gated", "fwm")
+RULES = ("sum", "delta", "gated", "gdelta", "fwm")
 MODEL_NAME_HELP = (
-    "softmax, or RULE-PHI with RULE one of sum, delta, gated, fwm and PHI one of "
+    "softmax, or RULE-PHI with RULE one of sum, delta, gated, gdelta, fwm and PHI one of "
     "linear, dpfp<nu> (e.g. dpfp2), favor<m> (e.g. favor128), tanh (fwm only)"
 )
-RULE_LABELS = {"sum": "sum", "delta": "delta (ours)", "gated": "gated (App. B)", "fwm": "FWM (Schlag 2021)"}
+RULE_LABELS = {"sum": "sum", "delta": "delta (ours)", "gated": "gated (App. B)", "gdelta": "gated delta (2025)",
+               "fwm": "FWM (Schlag 2021)"}
 
 
 def parse_model_name(name):

@@ -35,6 +35,7 @@ PAPER_LARGEST_SOLVED = {"sum-linear": "40", "sum-dpfp1": "100", "sum-dpfp2": "24
                         "sum-favor512": "never"}
 PHI_ORDER = ("softmax", "linear", "dpfp1", "dpfp2", "dpfp3", "favor64", "favor128", "favor512", "tanh")
 RULE_STYLE = {"softmax": ("-", "o"), "sum": ("-", "o"), "delta": ("--", "s"), "gated": (":", "^"),
+              "gdelta": ("-.", "s"),
               "fwm": ("-.", "D")}
 
 
@@ -144,7 +145,7 @@ def main(argv=None):
     if models_of(runs, 1, ("softmax", "sum")):
         figures["figure2_capacity.png"] = partial(capacity_figure, runs, 1, models_of(runs, 1, ("softmax", "sum")),
                                                   title="Setting 1 (L = S, no replacement): capacity", log_y=False)
-    if models_of(runs, 1, ("delta", "gated", "fwm")):
+    if models_of(runs, 1, ("delta", "gated", "gdelta", "fwm")):
         figures["figure2_delta.png"] = partial(capacity_figure, runs, 1, models_of(runs, 1),
                                                title="Setting 1: update rules", log_y=True)
     if any(s == 2 and S == args.curve_size for (s, _, S) in runs):

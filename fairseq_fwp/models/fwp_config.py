@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 
-from ..modules.feature_maps import FEATURE_MAPS
+from ..modules.feature_maps import FEATURE_MAPS, QK_NORMS
+from ..modules.gates import DECAY_FORMS
 from ..modules.transformer_layers import SITES
 from ..modules.fast_weight_attention import UPDATE_RULES
 from ..ops import BACKENDS
@@ -25,7 +26,23 @@ class FastWeightConfig(FairseqDataclass):
     fwp_feature_map: ChoiceEnum(ATTENTION_KINDS) = field(
         default="linear", metadata={"help": "phi of the fast-weight attention; softmax = unmodified fairseq attention"})
     fwp_update_rule: ChoiceEnum(UPDATE_RULES) = field(
-        default="sum", metadata={"help": "programming instruction of the decoder self-attention"})
+        default="sum", metadata={"help": "programming instruction of the decoder self-attention; gated-sum and "
+                                          "gated-delta scale the memory by a decay a_t from the layer input"})
+    fwp_decay_form: ChoiceEnum(DECAY_FORMS) = field(
+        default="mamba2", metadata={"help": "the gated rules' a_t: mamba2 (exp(-A softplus(w.x + dt)), Gated "
+                                             "DeltaNet) or logsigmoid (exp(logsigmoid(w.x + b) / 16), GLA)"})
+    fwp_qk_norm: ChoiceEnum(QK_NORMS[:2]) = field(
+        default="sum", metadata={"help": "how phi(q), phi(k) are normalised: sum (Eq. 29) or l2 (DeltaNet; "
+                                          "with --fwp-feature-map silu)"})
+    fwp_short_conv: int = field(
+        default=0, metadata={"help": "kernel size of a short causal depthwise convolution on the decoder "
+                                      "self-attention's q, k, v projections (0 = none; DeltaNet uses 4)"})
+    fwp_output_gate: ChoiceEnum(ON_OFF) = field(
+        default="off", metadata={"help": "RMS-normalise each head's output and multiply by SiLU of a gate "
+                                          "projection of the layer input (Gated DeltaNet)"})
+    fwp_softmax_layers: str = field(
+        default="", metadata={"help": "comma-separated indices (from 0) of the layers that keep softmax "
+                                       "attention: a hybrid stack, e.g. 3,7"})
     fwp_dpfp_nu: int = field(default=1, metadata={"help": "DPFP capacity nu (>= 1): D = 2 * head_dim * nu"})
     fwp_performer_features: int = field(
         default=0, metadata={"help": "FAVOR+ random features m (>= 1; 0 = head_dim): D = 2m"})
@@ -37,10 +54,11 @@ class FastWeightConfig(FairseqDataclass):
                                           "estimate softmax attention's kernel exp(q.k/sqrt(d))"})
     fwp_backend: ChoiceEnum(BACKENDS) = field(default="auto", metadata={"help": "fast-weight op backend"})
     fwp_sum_norm: ChoiceEnum(ON_OFF) = field(
-        default="on", metadata={"help": "divide phi(q), phi(k) by their sums (Eq. 29); always on for delta"})
+        default="on", metadata={"help": "normalise phi(q), phi(k) (as --fwp-qk-norm says; Eq. 29 by default); "
+                                         "always on for the delta rules"})
     fwp_attn_norm: ChoiceEnum(AUTO_ON_OFF) = field(
         default="auto", metadata={"help": "divide outputs by z_t . phi(q_t) (Eqs. 19, 26-28) at every fast-weight "
-                                           "site; auto: on for the sum rule (Table 1), off for the delta rule"})
+                                           "site; auto: on for the sum rule (Table 1), off for the others"})
     fwp_decoder_attn_norm: ChoiceEnum(AUTO_ON_OFF) = field(
         default="auto", metadata={"help": "the decoder self-attention's own setting; auto: as --fwp-attn-norm"})
     fwp_output_scaling: ChoiceEnum(ON_OFF) = field(
@@ -62,10 +80,25 @@ def _at_least(minimum):
     return parse
 
 
+def _kernel_size(text):
+    value = _at_least(0)(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("expected 0 (none) or a kernel size >= 2, got 1")
+    return value
+
+
+def _layer_list(text):
+    """Comma-separated layer indices; returned as given, checked here."""
+    if text.strip() and not all(part.strip().isdigit() for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices such as 3,7, got {text!r}")
+    return text
+
+
 def tighten_arg_types(parser):
     """Make the integer flags reject out-of-range values at parse time."""
     checks = {"fwp_dpfp_nu": _at_least(1), "fwp_performer_features": _at_least(0),
-              "fwp_performer_redraw": _at_least(0)}
+              "fwp_performer_redraw": _at_least(0), "fwp_short_conv": _kernel_size,
+              "fwp_softmax_layers": _layer_list}
     for action in parser._actions:
         if action.dest in checks:
             action.type = checks[action.dest]

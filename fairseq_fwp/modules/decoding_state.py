@@ -2,8 +2,8 @@
 
 Two kinds of buffer (both batch-first):
 
-- rows (decoder self-attention): one fast weight per hypothesis, and z
-  ``[rows, H, D]``. A memory that starts empty is held as its factors, the
+- rows (decoder self-attention): one fast weight per hypothesis, z
+  ``[rows, H, D]`` and the short convolutions' caches ``[rows, C, K - 1]``. A memory that starts empty is held as its factors, the
   keys ``[rows, H, t, D]`` and writes ``[rows, H, t, Dv]`` of its t tokens
   (W = writes^T keys, the dual form), while they are smaller than W
   (t < D Dv / (D + Dv)); then as W ``[rows, H, Dv, D]``, advanced in place
@@ -23,17 +23,20 @@ import torch
 
 from ..ops import decoding
 
-ROW_BUFFERS = ("fast_weight", "key_sum")  # fixed shapes: gathered into spares
-FACTORS = ("keys", "writes")  # growing: gathered into new tensors
+MEMORY = ("fast_weight", "key_sum")  # W and z: fixed shapes, so rows are gathered into spares
 MEMORY_ROWS = "rows_per_memory"
 
 
-def advance_rows(buffer, q, k, v, beta, dtype):
-    """One token for every row (beta None: the sum rule); returns out ``[rows, H, Dv]``."""
+def advance_rows(buffer, q, k, v, beta, decay, dtype):
+    """One token for every row (beta None: the sum rules; decay None: the paper's rules);
+    returns out ``[rows, H, Dv]``."""
     W = buffer.get("fast_weight")
     if W is not None:
-        return decoding.sum_step_(W, q, k, v) if beta is None else decoding.delta_step_(W, q, k, v, beta)
-    out, keys, writes = decoding.factored_step(buffer.get("keys"), buffer.get("writes"), q, k, v, beta, dtype)
+        if beta is None:
+            return decoding.sum_step_(W, q, k, v, decay)
+        return decoding.delta_step_(W, q, k, v, beta, decay)
+    out, keys, writes = decoding.factored_step(buffer.get("keys"), buffer.get("writes"), q, k, v, beta, decay,
+                                               dtype)
     if keys.shape[2] >= decoding.factored_length_limit(k.shape[-1], v.shape[-1]):
         store_fast_weight(buffer, decoding.materialize(keys, writes))  # W is smaller from here on
     else:
@@ -54,17 +57,15 @@ def store_fast_weight(buffer, W):
 
 
 def reorder_rows(buffer, new_order):
-    """Gather every row buffer by new_order (W and z into their spares, allocated only when
-    the number of rows changes)."""
-    rows = next(buffer[name].shape[0] for name in ROW_BUFFERS + FACTORS if buffer.get(name) is not None)
-    if _is_identity(new_order, rows):
+    """Gather every row buffer by new_order: W and z into their spares (allocated only when the
+    number of rows changes), the rest (factors, convolution caches) into new tensors."""
+    names = [name for name, value in buffer.items() if value is not None and not name.endswith("_spare")]
+    if not names or _is_identity(new_order, buffer[names[0]].shape[0]):
         return
-    for name in FACTORS:
-        if buffer.get(name) is not None:
-            buffer[name] = buffer[name].index_select(0, new_order)
-    for name in ROW_BUFFERS:
-        value = buffer.get(name)
-        if value is None:
+    for name in names:
+        value = buffer[name]
+        if name not in MEMORY:
+            buffer[name] = value.index_select(0, new_order)
             continue
         spare = buffer.get(name + "_spare")
         if spare is None or spare.shape[0] != new_order.numel():
@@ -122,7 +123,7 @@ def reorder_sources(buffer, new_order):
             return
     else:  # an arbitrary reorder: one memory per row from now on
         buffer[MEMORY_ROWS] = torch.tensor(1)
-    for name in ROW_BUFFERS:
+    for name in MEMORY:
         if buffer.get(name) is not None:
             buffer[name] = buffer[name].index_select(0, source)
 

@@ -7,18 +7,23 @@ layers read (``num_heads``, ``head_dim``, ``_get_input_buffer``,
 
 Two modes:
 - causal (decoder self-attention): a fast weight programmed token by token
-  with the sum rule (Eq. 17) or the delta rule (Eqs. 20-25); during
-  incremental decoding the fast weight W (and the key sum z when attention
-  normalisation is on) lives in the incremental state and is updated there
-  in place, so each new token costs the same whatever its position.
+  with the sum rule (Eq. 17), the delta rule (Eqs. 20-25) or their gated
+  forms (a decay a_t from the layer input, gates.py); during incremental
+  decoding the state lives in the incremental state (decoding_state.py), so
+  each new token costs at most what it costs with W, whatever its position.
 - non-causal (encoder self-attention, encoder-decoder attention): one memory
   W = sum_j v_j phi(k_j)^T (Eq. 15) over all unpadded source positions, read by
   every query; for encoder-decoder attention it is built once per source
   sentence (not per beam) and cached as static state while decoding.
-  decoding_state.py keeps these buffers and moves them for beam search.
 
-Padded key positions never write to a memory. Attention weights are never
-materialised: the second return value is always None (so
+The layer composes small parts, each with a reference test of its own: the
+feature map and the normalisation of phi(q), phi(k) (feature_maps.py: the
+paper's sum normalisation, Eq. 29, or L2), a short causal convolution on the
+q, k, v projections (short_convolution.py), the decay and the output gate
+(gates.py), and the state carried across segments (carried_streams.py).
+
+Padded key positions never write to a memory (nor decay it). Attention
+weights are never materialised: the second return value is always None (so
 ``fairseq-generate --print-alignment`` is not supported), and the attention
 dropout of softmax attention has no weights to act on.
 """
@@ -30,12 +35,15 @@ import torch.nn as nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from ..ops import decoding, fast_weight_delta, fast_weight_sum
+from ..ops import fast_weight_delta, fast_weight_sum
 from ..ops.fast_weight import accumulation_dtype
 from . import decoding_state
-from .feature_maps import build_feature_map, sum_normalize
+from .carried_streams import CarriedStreams
+from .feature_maps import QK_NORMS, build_feature_map, normalize_features
+from .gates import DecayGate, OutputGate
+from .short_convolution import ShortConvolution
 
-UPDATE_RULES = ("sum", "delta")
+UPDATE_RULES = ("sum", "delta", "gated-sum", "gated-delta")
 
 
 @with_incremental_state
@@ -51,38 +59,41 @@ class FastWeightAttention(nn.Module):
         feature_map="linear",
         feature_map_options=None,
         update_rule="sum",
-        sum_normalization=True,
+        qk_norm="sum",
         attention_normalization=False,
         output_scaling=False,
+        decay_form="mamba2",
+        short_conv=0,
+        output_gate=False,
         backend="auto",
         eps=1e-5,
     ):
         super().__init__()
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        if update_rule not in UPDATE_RULES:
-            raise ValueError(f"update_rule must be one of {', '.join(UPDATE_RULES)}; got {update_rule!r}")
-        if update_rule == "delta" and not causal:
-            raise ValueError("the delta rule is only implemented for causal (decoder self-) attention")
+        _check_options(embed_dim, num_heads, causal, feature_map, update_rule, qk_norm, attention_normalization,
+                       short_conv)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.causal = causal
         self.update_rule = update_rule
-        self.sum_normalization = sum_normalization
+        self.delta = update_rule in ("delta", "gated-delta")
+        self.qk_norm = qk_norm
         self.attention_normalization = attention_normalization
         self.output_scaling = output_scaling
         self.backend = backend
         self.eps = eps
-        self.carry_over = False  # see enable_carry_over
-        self._streams = {}
+        self.streams = None  # see enable_carry_over
 
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(kdim or embed_dim, embed_dim)
         self.v_proj = nn.Linear(vdim or embed_dim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         # Eq. 21: one write strength per head, from the layer input.
-        self.beta_proj = nn.Linear(embed_dim, num_heads) if update_rule == "delta" else None
+        self.beta_proj = nn.Linear(embed_dim, num_heads) if self.delta else None
+        self.decay_gate = DecayGate(embed_dim, num_heads, decay_form) if update_rule.startswith("gated") else None
+        self.convolutions = nn.ModuleDict({name: ShortConvolution(embed_dim, short_conv) for name in "qkv"}) \
+            if short_conv else None
+        self.output_gate = OutputGate(embed_dim, num_heads) if output_gate else None
         self.feature_map = build_feature_map(feature_map, self.head_dim, **(feature_map_options or {}))
         self.reset_parameters()
 
@@ -126,11 +137,12 @@ class FastWeightAttention(nn.Module):
         return x.view(T, B, self.num_heads, C // self.num_heads).permute(1, 2, 0, 3)
 
     def _phi(self, x):
-        phi = self.feature_map(self._heads(x))
-        return sum_normalize(phi) if self.sum_normalization else phi
+        return normalize_features(self.feature_map(self._heads(x)), self.qk_norm)
 
-    def _finish(self, out):
-        """[B, H, T, d] -> [T, B, H * d] through the output projection."""
+    def _finish(self, out, x):
+        """[B, H, T, d] -> [T, B, H * d] through the output gate (if any) and the output projection."""
+        if self.output_gate is not None:
+            out = self.output_gate(out, x)
         if self.output_scaling:
             out = out * self.head_dim ** -0.5
         B, H, T, d = out.shape
@@ -143,116 +155,65 @@ class FastWeightAttention(nn.Module):
     # -- causal ----------------------------------------------------------------
 
     def _causal(self, x, key_padding_mask, incremental_state):
-        q, k, v = self._phi(self.q_proj(x)), self._phi(self.k_proj(x)), self._heads(self.v_proj(x))
-        write = None if key_padding_mask is None else ~key_padding_mask.unsqueeze(1)  # [B, 1, T]
-        if write is not None:
-            k = k * write.unsqueeze(-1).to(k.dtype)
+        T, B, _ = x.shape
         if incremental_state is not None:
-            saved = self._get_input_buffer(incremental_state)
-            if x.shape[0] == 1 and write is None and not torch.is_grad_enabled():
-                out = self._decoding_step(x, q, k, v, saved)
-                self._set_input_buffer(incremental_state, saved)
-                return self._finish(out)
+            state = self._get_input_buffer(incremental_state)  # advanced in place
         else:
-            saved = self._carried_state(x.shape[1])
-        W0, z0 = decoding_state.fast_weight(saved), saved.get("key_sum")
-        z = None
-        if self.attention_normalization:
-            # z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18), accumulated in float32; padded keys are zero.
-            k_acc = k.to(accumulation_dtype(k.dtype))
-            z = k_acc.cumsum(2) if z0 is None else z0.unsqueeze(2) + k_acc.cumsum(2)
+            state = self.streams.start(self.training, B) if self.streams is not None else {}
+        keep = None if key_padding_mask is None else ~key_padding_mask  # [B, T]: positions that write
+        q, k, v = self._causal_features(x, keep, state)
+        beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0) if self.delta else None  # [B, H, T]
+        decay = self.decay_gate(x) if self.decay_gate is not None else None
+        if keep is not None:
+            beta = None if beta is None else beta * keep.unsqueeze(1).to(beta.dtype)
+            decay = None if decay is None else decay.masked_fill(~keep.unsqueeze(1), 1.0)
+        acc = accumulation_dtype(q.dtype)
+        one_step = incremental_state is not None and T == 1 and keep is None and not torch.is_grad_enabled()
 
-        if self.update_rule == "sum":
-            out, W = fast_weight_sum(q, k, v, W0, backend=self.backend)
-        else:
-            beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0)  # [B, H, T]
-            if write is not None:
-                beta = beta * write.to(beta.dtype)
-            if self.attention_normalization:
+        z = None
+        if self.attention_normalization:  # z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18); padded keys are zero
+            z0 = state.get("key_sum")
+            if one_step:  # the incremental state owns z: updated in place
+                z = (k[:, :, 0].to(acc, copy=True) if z0 is None else z0.add_(k[:, :, 0])).unsqueeze(2)
+            else:
+                z = k.to(acc).cumsum(2) if z0 is None else z0.unsqueeze(2) + k.to(acc).cumsum(2)
+            if T:
+                state["key_sum"] = z[:, :, -1]
+            if self.delta:
                 k, beta = self._delta_attention_normalization(k, beta, z)
-            out, W = fast_weight_delta(q, k, v, beta, W0, backend=self.backend)
-        if self.attention_normalization:
+
+        if one_step:
+            out = decoding_state.advance_rows(state, q[:, :, 0], k[:, :, 0], v[:, :, 0], _step(beta), _step(decay),
+                                              acc).unsqueeze(2).to(q.dtype)
+        else:
+            W0 = decoding_state.fast_weight(state)
+            if self.delta:
+                out, W = fast_weight_delta(q, k, v, beta, W0, decay=decay, backend=self.backend)
+            else:
+                out, W = fast_weight_sum(q, k, v, W0, decay=decay, backend=self.backend)
+            decoding_state.store_fast_weight(state, W)
+        if z is not None:
             out = self._normalize_output(out, q, z.to(out.dtype))
 
         if incremental_state is not None:
-            decoding_state.store_fast_weight(saved, W)
-            if z is not None:
-                saved["key_sum"] = z[:, :, -1]
-            self._set_input_buffer(incremental_state, saved)
-        elif self.carry_over:
-            self._carry(W, z)
-        return self._finish(out)
+            self._set_input_buffer(incremental_state, state)
+        elif self.streams is not None:
+            self.streams.end(self.training, state)
+        return self._finish(out, x)
 
-    def _decoding_step(self, x, q, k, v, saved):
-        """One token of incremental decoding: the state in `saved` advances in place.
-
-        An empty memory is held as its factors (keys and writes) while they are
-        smaller than W, then as W (decoding_state.py).
-        """
-        acc = accumulation_dtype(q.dtype)
-        z, beta = saved.get("key_sum"), None
-        if self.attention_normalization:  # Eq. 18, the state owns z: a fresh one at the first token
-            z = k[:, :, 0].to(acc, copy=True) if z is None else z.add_(k[:, :, 0])
-        if self.update_rule == "delta":
-            beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0)  # [B, H, 1]
-            if self.attention_normalization:
-                k, beta = self._delta_attention_normalization(k, beta, z.unsqueeze(2))
-            beta = beta[:, :, 0]
-        out = decoding_state.advance_rows(saved, q[:, :, 0], k[:, :, 0], v[:, :, 0], beta, acc)
-        out = out.unsqueeze(2).to(q.dtype)
-        if self.attention_normalization:
-            out = self._normalize_output(out, q, z.unsqueeze(2).to(q.dtype))
-        saved["key_sum"] = z
-        return out
-
-    # -- carry-over across segments (paper Table 4) ------------------------------
-
-    def enable_carry_over(self):
-        """Start every causal segment from the final state of the stream's previous segment.
-
-        Whoever feeds the segments calls ``start_segment`` before each one
-        (the task fwp_stream_lm does). Training and evaluation keep separate
-        streams (a validation pass in the middle of an epoch must not disturb
-        the training streams); incremental decoding ignores them.
-        """
-        self.carry_over = True
-        self._streams = {}
-
-    def start_segment(self, position, training):
-        """Before the segment at `position` (0, 1, ...) of the training or evaluation streams.
-
-        Position 0 starts from zero; the position after the previous one
-        starts from the state the previous one ended with; the previous
-        position again (a retried update) starts where it started before, and
-        so does every forward within one segment, which keeps fairseq's
-        --checkpoint-activations (a second forward per layer in the backward
-        pass) exact; any other position (a run resumed in the middle of an
-        epoch) starts from zero.
-        """
-        stream = self._streams.get(training)
-        if stream is not None and position == stream["position"]:
-            start = stream["start"]
-        elif stream is not None and position == stream["position"] + 1 and position > 0:
-            start = stream["end"]
-        else:
-            start = {}
-        self._streams[training] = {"position": position, "start": start, "end": start}
-
-    def _carried_state(self, batch_size):
-        stream = self._streams.get(self.training) if self.carry_over else None
-        state = {} if stream is None else stream["start"]
-        W = state.get("fast_weight")
-        if W is not None and W.shape[0] != batch_size:
-            raise RuntimeError(
-                f"the carried fast weight holds {W.shape[0]} streams, but this segment has {batch_size} rows: "
-                "every batch of a carry-over task must keep the same streams in the same rows")
-        return state
-
-    def _carry(self, W, z):
-        """Truncated backpropagation: the stream's next segment starts from these values, detached."""
-        stream = self._streams.get(self.training)
-        if stream is not None:
-            stream["end"] = {"fast_weight": W.detach(), "key_sum": None if z is None else z[:, :, -1].detach()}
+    def _causal_features(self, x, keep, state):
+        """phi(q), phi(k) and v ``[B, H, T, .]``, through the short convolutions where there are any
+        (their caches in `state` advance); padded positions write nothing."""
+        projected = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
+        if self.convolutions is not None:
+            mask = None if keep is None else keep.t().unsqueeze(-1).to(x.dtype)  # [T, B, 1]
+            for name, conv in self.convolutions.items():
+                inputs = projected[name] if mask is None else projected[name] * mask
+                projected[name], state[f"conv_{name}"] = conv(inputs, state.get(f"conv_{name}"))
+        q, k, v = self._phi(projected["q"]), self._phi(projected["k"]), self._heads(projected["v"])
+        if keep is not None:
+            k = k * keep.unsqueeze(1).unsqueeze(-1).to(k.dtype)
+        return q, k, v
 
     def _delta_attention_normalization(self, k, beta, z):
         """Eqs. 26-28: normalise the retrieval vbar_t by d_t = z_{t-1} . phi(k_t).
@@ -266,6 +227,21 @@ class FastWeightAttention(nn.Module):
         d = (z_prev * k_acc).sum(-1)
         d = torch.where(z_prev.sum(-1) > 0, d, torch.ones_like(d)).to(k.dtype)
         return k / (d.unsqueeze(-1) + self.eps), beta * d
+
+    # -- carry-over across segments (paper Table 4) ------------------------------
+
+    def enable_carry_over(self):
+        """Start every causal segment from the final state of the stream's previous segment.
+
+        Whoever feeds the segments calls ``start_segment`` before each one
+        (the task fwp_stream_lm does); carried_streams.py says how. Incremental
+        decoding ignores the carried state.
+        """
+        self.streams = CarriedStreams()
+
+    def start_segment(self, position, training):
+        """Before the segment at `position` of the training or evaluation streams (CarriedStreams)."""
+        self.streams.start_segment(position, training)
 
     # -- non-causal ------------------------------------------------------------
 
@@ -286,7 +262,7 @@ class FastWeightAttention(nn.Module):
         if self.attention_normalization:
             z = z.repeat_interleave(decoding_state.memory_rows(saved), 0)
             out = self._normalize_output(out, q, z.unsqueeze(2).to(q.dtype))
-        return self._finish(out)
+        return self._finish(out, query)
 
     def _source_memory(self, key, key_padding_mask):
         """Eq. 15 over the unpadded source: W = sum_j v_j phi(k_j)^T, z = sum_j phi(k_j)."""
@@ -316,7 +292,32 @@ class FastWeightAttention(nn.Module):
         return incremental_state
 
     def extra_repr(self):
-        return (f"causal={self.causal}, update_rule={self.update_rule}, "
-                f"sum_normalization={self.sum_normalization}, "
+        return (f"causal={self.causal}, update_rule={self.update_rule}, qk_norm={self.qk_norm}, "
                 f"attention_normalization={self.attention_normalization}, "
                 f"output_scaling={self.output_scaling}, backend={self.backend}")
+
+
+def _step(x):
+    """The only step of a [B, H, 1] tensor, or None."""
+    return None if x is None else x[:, :, 0]
+
+
+def _check_options(embed_dim, num_heads, causal, feature_map, update_rule, qk_norm, attention_normalization,
+                   short_conv):
+    """Combinations the layer refuses, each with the reason."""
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+    if update_rule not in UPDATE_RULES:
+        raise ValueError(f"update_rule must be one of {', '.join(UPDATE_RULES)}; got {update_rule!r}")
+    if qk_norm not in QK_NORMS:
+        raise ValueError(f"qk_norm must be one of {', '.join(QK_NORMS)}; got {qk_norm!r}")
+    if update_rule != "sum" and not causal:
+        raise ValueError(f"the {update_rule} rule is only implemented for causal (decoder self-) attention")
+    if short_conv and not causal:
+        raise ValueError("the short convolution is only for causal (decoder self-) attention")
+    if update_rule in ("delta", "gated-delta") and qk_norm == "none":
+        raise ValueError("the delta rules need normalised keys (qk_norm sum or l2): they diverge without")
+    if update_rule.startswith("gated") and attention_normalization:
+        raise ValueError("attention normalisation is for the paper's rules; the gated rules use the output gate")
+    if feature_map == "silu" and (qk_norm == "sum" or attention_normalization):
+        raise ValueError("silu features are signed: use them with qk_norm l2 and without attention normalisation")

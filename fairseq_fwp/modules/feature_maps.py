@@ -17,7 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-FEATURE_MAPS = ("linear", "performer", "dpfp")
+FEATURE_MAPS = ("linear", "performer", "dpfp", "silu")
+QK_NORMS = ("sum", "l2", "none")
 
 
 def sum_normalize(phi, eps=1e-6):
@@ -28,6 +29,19 @@ def sum_normalize(phi, eps=1e-6):
     becoming 0/0.
     """
     return phi / phi.sum(-1, keepdim=True).clamp_min(eps)
+
+
+def l2_normalize(phi, eps=1e-6):
+    """phi / |phi|_2 (DeltaNet, Yang et al. 2024): with beta in (0, 1) the delta rule's
+    beta |k|^2 <= 1 keeps it stable for signed features too. A zero vector stays zero."""
+    return phi / phi.norm(dim=-1, keepdim=True).clamp_min(eps)
+
+
+def normalize_features(phi, how):
+    """The normalisation of phi(q), phi(k): "sum" (Eq. 29), "l2" or "none"."""
+    if how == "sum":
+        return sum_normalize(phi)
+    return l2_normalize(phi) if how == "l2" else phi
 
 
 class FeatureMap(nn.Module):
@@ -54,6 +68,18 @@ class LinearFeatureMap(FeatureMap):
 
     def forward(self, x):
         return F.elu(x) + 1
+
+
+class SiLUFeatureMap(FeatureMap):
+    """phi(x) = x sigmoid(x) (DeltaNet, Yang et al. 2024; with L2 normalisation). D = d; signed."""
+
+    def __init__(self, head_dim):
+        super().__init__()
+        self.head_dim = head_dim
+        self.out_dim = head_dim
+
+    def forward(self, x):
+        return F.silu(x)
 
 
 class DPFPFeatureMap(FeatureMap):
@@ -174,11 +200,12 @@ def orthogonal_gaussian(d, m, generator):
 
 def build_feature_map(name, head_dim, **options):
     """Build a feature map by name: "linear", "performer" (num_features, seed, redraw_interval,
-    input_scaling) or "dpfp" (nu)."""
+    input_scaling), "dpfp" (nu) or "silu"."""
     builders = {
         "linear": LinearFeatureMap,
         "performer": PerformerFeatureMap,
         "dpfp": DPFPFeatureMap,
+        "silu": SiLUFeatureMap,
     }
     if name not in builders:
         raise ValueError(f"feature map must be one of {', '.join(FEATURE_MAPS)}; got {name!r}")

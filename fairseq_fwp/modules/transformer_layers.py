@@ -15,37 +15,42 @@ SITES = ("all", "self", "decoder-self")
 
 
 class FastWeightEncoderLayer(TransformerEncoderLayerBase):
-    def __init__(self, cfg, fwp, return_fc=False):
-        self.fwp = fwp  # read by build_self_attention inside the base __init__
+    def __init__(self, cfg, fwp, index, return_fc=False):
+        self.fwp, self.index = fwp, index  # read by build_self_attention inside the base __init__
         super().__init__(cfg, return_fc=return_fc)
 
     def build_self_attention(self, embed_dim, cfg):
-        if not uses_fast_weights(self.fwp, "encoder-self"):
+        if not uses_fast_weights(self.fwp, "encoder-self", self.index):
             return super().build_self_attention(embed_dim, cfg)
         return build_fast_weight_attention(self.fwp, embed_dim, cfg.encoder.attention_heads, causal=False)
 
 
 class FastWeightDecoderLayer(TransformerDecoderLayerBase):
-    def __init__(self, cfg, fwp, no_encoder_attn=False):
-        self.fwp = fwp
+    def __init__(self, cfg, fwp, index, no_encoder_attn=False):
+        self.fwp, self.index = fwp, index
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if not uses_fast_weights(self.fwp, "decoder-self"):
+        if not uses_fast_weights(self.fwp, "decoder-self", self.index):
             return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
         return build_fast_weight_attention(self.fwp, embed_dim, cfg.decoder.attention_heads, causal=True)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        if not uses_fast_weights(self.fwp, "cross"):
+        if not uses_fast_weights(self.fwp, "cross", self.index):
             return super().build_encoder_attention(embed_dim, cfg)
         return build_fast_weight_attention(
             self.fwp, embed_dim, cfg.decoder.attention_heads, causal=False, kdim=cfg.encoder.embed_dim
         )
 
 
-def uses_fast_weights(cfg, site):
-    """site: "encoder-self", "decoder-self" or "cross"."""
-    if cfg.fwp_feature_map == "softmax":
+def softmax_layers(cfg):
+    """The layer indices of --fwp-softmax-layers ("3,7"; checked at parse time)."""
+    return {int(part) for part in cfg.fwp_softmax_layers.split(",") if part.strip()}
+
+
+def uses_fast_weights(cfg, site, index):
+    """site: "encoder-self", "decoder-self" or "cross"; index: the layer's, from 0 (--fwp-softmax-layers)."""
+    if cfg.fwp_feature_map == "softmax" or index in softmax_layers(cfg):
         return False
     return {"all": True, "self": site != "cross", "decoder-self": site == "decoder-self"}[cfg.fwp_sites]
 
@@ -56,32 +61,37 @@ def build_fast_weight_attention(cfg, embed_dim, num_heads, *, causal, kdim=None)
     FAVOR+ seeds come from torch's RNG, which fairseq seeds with --seed before
     building the model: every layer differs, every run and rank agrees.
     """
-    name = cfg.fwp_feature_map
+    name = str(cfg.fwp_feature_map)  # fairseq's dataclass choices are enums
     options = {}
     if name == "dpfp":
         options["nu"] = cfg.fwp_dpfp_nu
     elif name == "performer":
         options.update(num_features=cfg.fwp_performer_features or embed_dim // num_heads,
                        redraw_interval=cfg.fwp_performer_redraw, input_scaling=cfg.fwp_performer_scaling == "on")
-    delta = causal and cfg.fwp_update_rule == "delta"
+    rule = str(cfg.fwp_update_rule) if causal else "sum"  # the rule programs the decoder self-attention
+    delta = rule in ("delta", "gated-delta")
     return FastWeightAttention(
         embed_dim, num_heads, kdim=kdim, vdim=kdim, causal=causal,
         feature_map=name, feature_map_options=options,
-        update_rule="delta" if delta else "sum",
-        sum_normalization=delta or cfg.fwp_sum_norm == "on",  # SPEC: always on for delta
-        attention_normalization=attention_normalization(cfg, causal, delta),
+        update_rule=rule,
+        qk_norm=str(cfg.fwp_qk_norm) if delta or cfg.fwp_sum_norm == "on" else "none",  # SPEC: always on for delta
+        attention_normalization=attention_normalization(cfg, causal, rule),
         output_scaling=cfg.fwp_output_scaling == "on",
+        decay_form=str(cfg.fwp_decay_form),
+        short_conv=cfg.fwp_short_conv if causal else 0,
+        output_gate=cfg.fwp_output_gate == "on",
         backend=cfg.fwp_backend,
     )
 
 
-def attention_normalization(cfg, decoder_self, delta):
+def attention_normalization(cfg, decoder_self, rule):
     """--fwp-decoder-attn-norm for the decoder self-attention (when not auto), else --fwp-attn-norm;
-    auto means on for the sum rule (the paper's Table 1) and off for the delta rule (SPEC.md)."""
+    auto means on for the sum rule (the paper's Table 1) and off for the others (SPEC.md; the gated
+    rules take no attention normalisation)."""
     value = cfg.fwp_attn_norm
     if decoder_self and cfg.fwp_decoder_attn_norm != "auto":
         value = cfg.fwp_decoder_attn_norm
-    return not delta if value == "auto" else value == "on"
+    return rule == "sum" if value == "auto" else value == "on"
 
 
 def _wrap(layer, cfg):
@@ -94,17 +104,19 @@ def _wrap(layer, cfg):
 
 class FastWeightTransformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, fwp, dictionary, embed_tokens):
-        self.fwp = fwp
+        self.fwp, self._layers_built = fwp, 0
         super().__init__(cfg, dictionary, embed_tokens)
 
     def build_encoder_layer(self, cfg):
-        return _wrap(FastWeightEncoderLayer(cfg, self.fwp, return_fc=self.return_fc), cfg)
+        index, self._layers_built = self._layers_built, self._layers_built + 1  # fairseq builds them in order
+        return _wrap(FastWeightEncoderLayer(cfg, self.fwp, index, return_fc=self.return_fc), cfg)
 
 
 class FastWeightTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, fwp, dictionary, embed_tokens, no_encoder_attn=False):
-        self.fwp = fwp
+        self.fwp, self._layers_built = fwp, 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return _wrap(FastWeightDecoderLayer(cfg, self.fwp, no_encoder_attn=no_encoder_attn), cfg)
+        index, self._layers_built = self._layers_built, self._layers_built + 1
+        return _wrap(FastWeightDecoderLayer(cfg, self.fwp, index, no_encoder_attn=no_encoder_attn), cfg)

@@ -13,8 +13,9 @@ everything the step needs and then receives a rank-1 update where it lives:
 
 Both equal the functional steps (the query reads the updated memory:
 W_t q = W_{t-1} q + u (k . q)); tests/test_ops.py checks them against those.
-q, k: ``[B, H, D]``, v: ``[B, H, Dv]``, beta: ``[B, H]``, in any float dtype;
-the output has W's dtype.
+q, k: ``[B, H, D]``, v: ``[B, H, Dv]``, beta and decay: ``[B, H]``, in any
+float dtype; the output has W's dtype. With a decay a (the gated rules),
+W is scaled by a first (W <- a W), then the step is the same.
 
 A decoder that starts from an empty memory can hold W as its factors for a
 while (the dual form): after t tokens W = U^T K with the keys K ``[t, D]``
@@ -27,10 +28,16 @@ copies less.
 import torch
 
 
+def _decay_(W, decay):
+    if decay is not None:
+        W.mul_(decay.to(W.dtype).unsqueeze(-1).unsqueeze(-1))
+
+
 @torch.no_grad()
-def sum_step_(W, q, k, v):
+def sum_step_(W, q, k, v, decay=None):
     """Sum rule, one token; W is updated in place. Returns out ``[B, H, Dv]``."""
     q, k, v = (x.to(W.dtype) for x in (q, k, v))
+    _decay_(W, decay)
     out = _read(W, q.unsqueeze(-2)).squeeze(-2)
     out.addcmul_(v, (k * q).sum(-1, keepdim=True))
     W.addcmul_(v.unsqueeze(-1), k.unsqueeze(-2))  # W += v k^T, no outer-product temporary
@@ -38,9 +45,10 @@ def sum_step_(W, q, k, v):
 
 
 @torch.no_grad()
-def delta_step_(W, q, k, v, beta):
+def delta_step_(W, q, k, v, beta, decay=None):
     """Delta rule, one token; W is updated in place. Returns out ``[B, H, Dv]``."""
     q, k, v, beta = (x.to(W.dtype) for x in (q, k, v, beta))
+    _decay_(W, decay)
     read = _read(W, torch.stack([k, q], dim=-2))  # one pass over W: [B, H, 2, Dv]
     vbar, out = read[..., 0, :], read[..., 1, :]
     u = (v - vbar).mul_(beta.unsqueeze(-1))  # pseudo-value beta (v - vbar)
@@ -61,7 +69,7 @@ def factored_length_limit(D, Dv):
 
 
 @torch.no_grad()
-def factored_step(keys, writes, q, k, v, beta=None, dtype=torch.float32):
+def factored_step(keys, writes, q, k, v, beta=None, decay=None, dtype=torch.float32):
     """One token of the sum rule (beta None) or the delta rule with W = writes^T keys.
 
     keys ``[B, H, t, D]`` and writes ``[B, H, t, Dv]`` (None before the first
@@ -69,8 +77,11 @@ def factored_step(keys, writes, q, k, v, beta=None, dtype=torch.float32):
     u = beta (v - W_{t-1} k) (delta rule, Eq. 24), and
     out = W_t q = writes^T (keys q) + u (k . q). Returns (out ``[B, H, Dv]``,
     keys, writes) with the token appended; dtype is the accumulation dtype.
+    A decay scales every earlier write first (a W_{t-1} = (a writes)^T keys).
     """
     q, k, v = (x.to(dtype) for x in (q, k, v))
+    if decay is not None and writes is not None:
+        writes = writes * decay.to(dtype).unsqueeze(-1).unsqueeze(-1)
     u = v
     out = torch.zeros_like(v)
     if keys is not None:

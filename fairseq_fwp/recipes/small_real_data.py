@@ -44,9 +44,13 @@ MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attenti
     "performer-64-scaled": PERFORMER + ["32", "--fwp-performer-scaling", "on"],
     "performer-64-fixed": PERFORMER + ["32", "--fwp-performer-redraw", "0"],
     "performer-64-scaled-fixed": PERFORMER + ["32", "--fwp-performer-scaling", "on", "--fwp-performer-redraw", "0"],
+    "performer-256-scaled": PERFORMER + ["128", "--fwp-performer-scaling", "on"],
     "dpfp-128": DPFP + ["1"],
     "dpfp-256": DPFP + ["2"],
     "dpfp-256-delta": DPFP + ["2", "--fwp-update-rule", "delta"],  # delta rule in the decoder self-attention
+    # beyond the paper (issue 18): a gated delta-rule decoder; a hybrid with softmax in layer 1 of both stacks
+    "dpfp-256-gated-delta": DPFP + ["2", "--fwp-update-rule", "gated-delta"],
+    "dpfp-256-hybrid": DPFP + ["2", "--fwp-softmax-layers", "1"],
 }
 MULTI30K_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
@@ -72,6 +76,15 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
     # issue 17: streams moved every epoch; the carried Linear Transformer of Table 4
     "linear-delta-carry-offset": ("fwp_stream_lm", ["--fwp-stream-offset", "random"]),
     "linear-sum-carry": ("fwp_stream_lm", ["--fwp-update-rule", "sum", "--fwp-stream-offset", "random"]),
+    # beyond the paper (issue 18): the Delta Net plus one addition each, and all of them (Gated DeltaNet)
+    "gated-delta": ("language_modeling", ["--fwp-update-rule", "gated-delta"]),
+    "delta-silu-l2": ("language_modeling", ["--fwp-feature-map", "silu", "--fwp-qk-norm", "l2"]),
+    "delta-short-conv": ("language_modeling", ["--fwp-short-conv", "4"]),
+    "delta-output-gate": ("language_modeling", ["--fwp-output-gate", "on"]),
+    "delta-hybrid": ("language_modeling", ["--fwp-softmax-layers", "3"]),
+    "gated-deltanet": ("language_modeling", ["--fwp-update-rule", "gated-delta", "--fwp-feature-map", "silu",
+                                             "--fwp-qk-norm", "l2", "--fwp-short-conv", "4",
+                                             "--fwp-output-gate", "on"]),
 }
 WIKITEXT2_LENGTH = 64
 # test.txt from the article boundary nearest 3/4 of the way is the test part: the

@@ -1,0 +1,59 @@
+"""The state a causal fast-weight layer carries from one segment of a stream to the next (Table 4).
+
+One ``CarriedStreams`` per layer keeps a training and an evaluation stream
+apart (a validation pass in the middle of an epoch must not disturb the
+training streams). Each holds the state a segment starts from and the state
+it ended with: the fast weight W, the key sum z where used, and the short
+convolutions' caches; all detached (truncated backpropagation).
+
+Whoever feeds the segments announces each one with ``start_segment``; its
+position decides where the segment starts (see there). Every forward within
+one segment starts from the same state, which keeps fairseq's
+``--checkpoint-activations`` (a second forward per layer in the backward
+pass) exact.
+"""
+
+
+class CarriedStreams:
+    def __init__(self):
+        self._streams = {}
+
+    def start_segment(self, position, training):
+        """Before the segment at `position` (0, 1, ...) of the training or evaluation streams.
+
+        Position 0 starts from zero; the position after the previous one
+        starts from the state the previous one ended with; the previous
+        position again (a retried update) starts where it started before; any
+        other position (a run resumed in the middle of an epoch) starts from
+        zero.
+        """
+        stream = self._streams.get(training)
+        if stream is not None and position == stream["position"]:
+            start = stream["start"]
+        elif stream is not None and position == stream["position"] + 1 and position > 0:
+            start = stream["end"]
+        else:
+            start = {}
+        self._streams[training] = {"position": position, "start": start, "end": start}
+
+    def start(self, training, batch_size):
+        """A copy of the state the current segment starts from ({} for zeros)."""
+        stream = self._streams.get(training)
+        state = {} if stream is None else dict(stream["start"])
+        W = state.get("fast_weight")
+        if W is not None and W.shape[0] != batch_size:
+            raise RuntimeError(
+                f"the carried fast weight holds {W.shape[0]} streams, but this segment has {batch_size} rows: "
+                "every batch of a carry-over task must keep the same streams in the same rows")
+        return state
+
+    def last(self, training):
+        """The state the latest segment ended with ({} before any)."""
+        stream = self._streams.get(training)
+        return {} if stream is None else stream["end"]
+
+    def end(self, training, state):
+        """The state the current segment ended with; the next segment starts from it."""
+        stream = self._streams.get(training)
+        if stream is not None:
+            stream["end"] = {name: None if value is None else value.detach() for name, value in state.items()}

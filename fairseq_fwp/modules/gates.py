@@ -1,0 +1,70 @@
+"""Gates of the modern fast-weight layers: the decay of the gated rules and the output gate.
+
+- ``DecayGate``: a_t in (0, 1], one per head and position, from the layer
+  input (Gated DeltaNet, Yang et al., ICLR 2025). Two forms:
+  - ``mamba2``: log a_t = -exp(A_log) softplus(w . x_t + dt_bias), with
+    A in [1, 16) and softplus(dt_bias) in [1e-3, 1e-1) drawn per head at
+    initialisation (Mamba-2's parametrisation, which Gated DeltaNet uses);
+  - ``logsigmoid``: log a_t = logsigmoid(w . x_t + b) / 16 (GLA's gate with
+    its normaliser 16).
+  Both start with a_t close to 1 (at initialisation the layer behaves almost
+  as the ungated rule), and the projection is small then.
+- ``OutputGate``: out = RMSNorm(out) * SiLU(W_g x) per head (Gated DeltaNet's
+  output; the norm's scale is learned per channel).
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DECAY_FORMS = ("mamba2", "logsigmoid")
+
+
+class DecayGate(nn.Module):
+    def __init__(self, embed_dim, num_heads, form="mamba2"):
+        super().__init__()
+        if form not in DECAY_FORMS:
+            raise ValueError(f"decay form must be one of {', '.join(DECAY_FORMS)}; got {form!r}")
+        self.form = form
+        self.proj = nn.Linear(embed_dim, num_heads, bias=form == "logsigmoid")
+        nn.init.normal_(self.proj.weight, std=0.02)
+        if form == "mamba2":
+            self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(1, 16).log())
+            dt = torch.exp(torch.empty(num_heads).uniform_(math.log(1e-3), math.log(1e-1)))
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        else:
+            nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x):
+        """x ``[T, B, C]`` -> decay ``[B, H, T]`` in (0, 1] (float32 or float64)."""
+        return self.from_logits(self.proj(x).permute(1, 2, 0))
+
+    def from_logits(self, z):
+        """The decay from the projection's output z ``[B, H, T]``."""
+        z = z if z.dtype == torch.float64 else z.float()  # decays are computed in float32
+        if self.form == "mamba2":
+            log_decay = -self.A_log.exp().unsqueeze(-1) * F.softplus(z + self.dt_bias.unsqueeze(-1))
+        else:
+            log_decay = F.logsigmoid(z) / 16
+        return log_decay.exp()
+
+    def extra_repr(self):
+        return f"form={self.form}"
+
+
+class OutputGate(nn.Module):
+    """RMSNorm of every head's output, times SiLU of a gate projection of the layer input."""
+
+    def __init__(self, embed_dim, num_heads, eps=1e-6):
+        super().__init__()
+        self.num_heads, self.eps = num_heads, eps
+        self.gate = nn.Linear(embed_dim, embed_dim)
+        self.weight = nn.Parameter(torch.ones(embed_dim // num_heads))
+
+    def forward(self, out, x):
+        """out ``[B, H, T, d]`` (the attention's), x ``[T, B, C]`` -> ``[B, H, T, d]``."""
+        normed = out * torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True) + self.eps).to(out.dtype)
+        T, B, C = x.shape
+        gate = F.silu(self.gate(x)).view(T, B, self.num_heads, -1).permute(1, 2, 0, 3)
+        return normed * self.weight * gate
