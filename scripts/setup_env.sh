@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 FAIRSEQ=fairseq-fixed==0.12.3.1  # upstream fairseq 0.12.2 does not build on Python 3.11
+FASTBPE=0.1.0
 
 stamp=.venv/.fairseq-fwp-env
 want=$(cat requirements.txt scripts/setup_env.sh setup.py | sha256sum | cut -d' ' -f1)
@@ -18,4 +19,13 @@ pip=(.venv/bin/python -m pip install --disable-pip-version-check)
 # --no-deps keeps it from pulling torchaudio and with it a second torch.
 "${pip[@]}" --no-build-isolation --no-deps "$FAIRSEQ"
 "${pip[@]}" --no-build-isolation --no-deps -e .
+# fastBPE (--bpe-tool fastbpe, fairseq's --bpe fastbpe): its Python module applies codes; its
+# command-line program, which learns them, is built from the same registry sources.
+"${pip[@]}" --no-build-isolation --no-deps "fastBPE==$FASTBPE"
+src=$(mktemp -d)
+.venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary=:all: --no-build-isolation \
+    -d "$src" "fastBPE==$FASTBPE"
+tar xzf "$src"/fastBPE-*.tar.gz -C "$src"
+g++ -std=c++11 -pthread -O3 "$src"/fastBPE-*/fastBPE/main.cc -I"$src"/fastBPE-"$FASTBPE"/fastBPE -o .venv/bin/fastbpe
+rm -rf "$src"
 echo "$want" > "$stamp"

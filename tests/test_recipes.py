@@ -145,3 +145,22 @@ def test_wikitext2_split_falls_on_an_article_boundary():
     lines = [" = A = ", " a ."] * 3 + [" = B = ", " b ."] * 3
     first, second = split_at_article_boundary(lines, 0.5)
     assert first + second == lines and second[0] == " = B = "
+
+
+def test_training_progress_prints_updates_and_the_time_left(capsys, monkeypatch):
+    from fairseq_fwp.recipes import commands
+
+    clock = iter([0.0, 0.0, 10.0, 50.0, 60.0, 100.0])
+    monkeypatch.setattr(commands.time, "time", lambda: next(clock))
+    progress = commands.TrainingProgress.for_arguments(["fairseq-train", "data", "--max-update", "100"])
+    for line in ["epoch 001: 1 / 9 loss=5.0, num_updates=1, lr=1e-4",   # t = 0: the first update seen
+                 "epoch 001: 2 / 9 loss=4.9, num_updates=11, lr=1e-4",  # t = 10: too soon to print
+                 "epoch 001 | loss 4.0 | num_updates 41",               # t = 50: 40 updates in 50 s
+                 "no update here",
+                 "epoch 002: 3 / 9 loss=3.9, num_updates=51",           # t = 60: too soon
+                 "epoch 003 | loss 3.0 | num_updates 100"]:              # t = 100: the last one
+        progress.see(line)
+    assert capsys.readouterr().out.splitlines() == [
+        "  update 41 / 100, 0:50 elapsed, ~1:13 left",
+        "  update 100 / 100, 1:40 elapsed, ~0:00 left"]
+    assert commands.TrainingProgress.for_arguments(["fairseq-train", "data"]) is None

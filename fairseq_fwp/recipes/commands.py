@@ -1,8 +1,10 @@
 """Running the fairseq command-line tools of the current environment."""
 import os
+import re
 import shlex
 import subprocess
 import sys
+import time
 
 BIN_DIR = os.path.dirname(sys.executable)
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,18 +24,56 @@ def fairseq(command, *args, cwd=None, echo=False, log=None):
 
     echo=True prints the command line first (recipes: every step can be rerun
     by hand); log, a path, receives the output as it comes (long trainings).
+    fairseq-train with --max-update prints its progress (TrainingProgress).
     """
     argv = [*_command_line(command), *map(str, args)]
     if echo:
-        print("+ " + shlex.join([f"fairseq-{command}", *argv[1:]]), flush=True)
-    if log is None:
-        proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
-        output, returncode = proc.stdout + proc.stderr, proc.returncode
-    else:
-        with open(log, "w") as f:
-            returncode = subprocess.run(argv, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, text=True).returncode
-        with open(log) as f:
-            output = f.read()
+        print("+ " + shlex.join([f"fairseq-{command}", *argv[len(_command_line(command)):]]), flush=True)
+    progress = TrainingProgress.for_arguments(argv) if command == "train" else None
+    lines = []
+    with open(log or os.devnull, "w") as sink:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            lines.append(line)
+            sink.write(line)
+            if progress is not None:
+                progress.see(line)
+        returncode = proc.wait()
+    output = "".join(lines)
     if returncode != 0:
         raise RuntimeError(f"fairseq-{command} failed ({returncode}):\n{output[-4000:]}")
     return output
+
+
+class TrainingProgress:
+    """Prints "update U / MAX, elapsed, ~left" from fairseq-train's log lines, at most every `every` s."""
+
+    def __init__(self, max_update, every=30.0):
+        self.max_update, self.every = max_update, every
+        self.start = self.last = time.time()
+        self.first_update = None  # updates before this run (a resumed run), for the rate
+
+    @classmethod
+    def for_arguments(cls, argv):
+        if "--max-update" not in argv:
+            return None
+        return cls(int(argv[argv.index("--max-update") + 1]))
+
+    def see(self, line):
+        match = re.search(r"num_updates[= ](\d+)", line)
+        if not match:
+            return
+        updates, now = int(match.group(1)), time.time()
+        if self.first_update is None:
+            self.first_update, self.start = updates, now
+        if now - self.last < self.every and updates < self.max_update:
+            return
+        self.last = now
+        done = updates - self.first_update
+        left = (now - self.start) / done * (self.max_update - updates) if done else float("nan")
+        print(f"  update {updates} / {self.max_update}, {_minutes(now - self.start)} elapsed, "
+              f"~{_minutes(left)} left", flush=True)
+
+
+def _minutes(seconds):
+    return "?" if seconds != seconds else f"{int(seconds // 60)}:{int(seconds % 60):02d}"

@@ -1,5 +1,5 @@
 """Text preparation for translation: Moses-style normalisation and tokenisation
-(sacremoses), length/ratio cleaning, joint BPE (subword-nmt), detokenisation.
+(sacremoses), length/ratio cleaning, detokenisation (joint BPE: bpe.py).
 
 These follow fairseq's examples/translation/prepare-wmt14en2de.sh: punctuation
 normalisation, tokenisation with aggressive hyphen splitting, cleaning of
@@ -9,11 +9,8 @@ training and validation pairs to 1-250 tokens and a length ratio <= 1.5
 import functools
 import gzip
 import multiprocessing
-import os
 
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
-from subword_nmt.apply_bpe import BPE
-from subword_nmt.learn_bpe import learn_bpe
 
 
 def read_lines(path):
@@ -65,21 +62,3 @@ def keep_pair(src, tgt, min_len=1, max_len=250, ratio=1.5):
 def clean_pairs(src_lines, tgt_lines, **limits):
     kept = [(s, t) for s, t in zip(src_lines, tgt_lines) if keep_pair(s, t, **limits)]
     return [s for s, _ in kept], [t for _, t in kept]
-
-
-def learn_joint_bpe(tokenized_files, codes_path, merges, workers=1):
-    """One BPE for all given files (both languages): the joined dictionary of the paper's setup."""
-    joint = codes_path + ".train-text"
-    with open(joint, "w", encoding="utf-8") as out:
-        for path in tokenized_files:
-            with open(path, encoding="utf-8") as f:
-                out.writelines(f)
-    with open(joint, encoding="utf-8") as infile, open(codes_path, "w", encoding="utf-8") as outfile:
-        learn_bpe(infile, outfile, merges, num_workers=workers)
-    os.remove(joint)
-
-
-def apply_bpe(codes_path, lines):
-    with open(codes_path, encoding="utf-8") as codes:
-        bpe = BPE(codes)
-    return [bpe.process_line(line) for line in lines]

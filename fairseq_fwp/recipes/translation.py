@@ -3,7 +3,7 @@
 Prepared layout (OUT is the --out folder):
     OUT/raw/{train,valid,test}.{src,tgt}   the text as given (test: the references for sacreBLEU)
     OUT/tok/...                            normalised and tokenised; train and valid cleaned
-    OUT/bpe/codes, OUT/bpe/...             joint BPE
+    OUT/bpe/codes, OUT/bpe/...             joint BPE (subword-nmt or fastBPE: bpe.py)
     OUT/bin/                               fairseq-preprocess --joined-dictionary
 """
 import os
@@ -12,11 +12,11 @@ import shutil
 
 import sacrebleu
 
-from . import text
+from . import bpe, text
 from .commands import PLUGIN_DIR, fairseq
 
 
-def prepare(pairs, src, tgt, out, merges, workers=1):
+def prepare(pairs, src, tgt, out, merges, workers=1, bpe_tool="subword-nmt"):
     """pairs: {"train": [(src_lines, tgt_lines), ...], "valid": [...], "test": [...]} of raw text."""
     for folder in ("raw", "tok", "bpe"):
         os.makedirs(os.path.join(out, folder), exist_ok=True)
@@ -32,15 +32,17 @@ def prepare(pairs, src, tgt, out, merges, workers=1):
             text.write_lines(os.path.join(out, "tok", f"{split}.{lang}"), tok[lang])
         print(f"{split}: {len(raw[src])} pairs, {len(tok[src])} after cleaning", flush=True)
     codes = os.path.join(out, "bpe", "codes")
-    text.learn_joint_bpe([os.path.join(out, "tok", f"train.{lang}") for lang in (src, tgt)], codes, merges, workers)
+    bpe.learn(bpe_tool, [os.path.join(out, "tok", f"train.{lang}") for lang in (src, tgt)], codes, merges, workers)
+    with open(os.path.join(out, "bpe", "tool"), "w") as f:  # what fairseq-interactive's --bpe must be
+        f.write(bpe.FAIRSEQ_BPE[bpe_tool] + "\n")
     for split in pairs:
         for lang in (src, tgt):
             tokenized = text.read_lines(os.path.join(out, "tok", f"{split}.{lang}"))
-            text.write_lines(os.path.join(out, "bpe", f"{split}.{lang}"), text.apply_bpe(codes, tokenized))
+            text.write_lines(os.path.join(out, "bpe", f"{split}.{lang}"), bpe.apply(bpe_tool, codes, tokenized))
     shutil.rmtree(os.path.join(out, "bin"), ignore_errors=True)
-    bpe = os.path.join(out, "bpe")
-    fairseq("preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref", f"{bpe}/train",
-            "--validpref", f"{bpe}/valid", "--testpref", f"{bpe}/test", "--destdir", os.path.join(out, "bin"),
+    bpe_dir = os.path.join(out, "bpe")
+    fairseq("preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref", f"{bpe_dir}/train",
+            "--validpref", f"{bpe_dir}/valid", "--testpref", f"{bpe_dir}/test", "--destdir", os.path.join(out, "bin"),
             "--joined-dictionary", "--workers", workers, echo=True)
 
 

@@ -17,7 +17,7 @@ import re
 import tarfile
 import urllib.request
 
-from . import cli, rows, text, translation
+from . import bpe, cli, rows, text, translation
 
 ARCHIVES = {
     "training-parallel-europarl-v7.tgz": "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
@@ -87,6 +87,8 @@ def main(argv=None):
     prep = steps.add_parser("prepare", help="download or read, tokenise, clean, BPE, binarise")
     cli.add_source_arguments(prep)
     prep.add_argument("--bpe-merges", type=int, default=32000)
+    prep.add_argument("--bpe-tool", choices=bpe.BPE_TOOLS, default="subword-nmt",
+                      help="subword-nmt (as fairseq's prepare-wmt14en2de.sh) or fastbpe (much faster on 4.5M pairs)")
 
     train = steps.add_parser("train", help="fairseq-train one Table 1 row with the paper's hyperparameters")
     train.add_argument("--data", required=True, help="the prepare step's --out")
@@ -104,7 +106,7 @@ def main(argv=None):
 
     if args.step == "prepare":
         translation.prepare(raw_pairs(cli.raw_folder(args, download)), "en", "de", args.out, args.bpe_merges,
-                            args.workers)
+                            args.workers, args.bpe_tool)
     elif args.step == "train":
         update_freq = max(1, math.ceil(TOKENS_PER_UPDATE_GPUS / args.gpus))
         translation.train(os.path.join(args.data, "bin"), args.save_dir, args.arch, rows.TABLE1[args.row],
