@@ -164,3 +164,16 @@ def test_training_progress_prints_updates_and_the_time_left(capsys, monkeypatch)
         "  update 41 / 100, 0:50 elapsed, ~1:13 left",
         "  update 100 / 100, 1:40 elapsed, ~0:00 left"]
     assert commands.TrainingProgress.for_arguments(["fairseq-train", "data"]) is None
+
+
+def test_every_small_real_data_row_parses_and_uptrained_rows_name_a_trained_row():
+    from fairseq_fwp.recipes import small_real_data as recipe
+
+    for table, task, arch, model in ((recipe.MULTI30K_ROWS, None, "fwp_transformer_tiny", recipe.MULTI30K_MODEL),
+                                     (recipe.WIKITEXT2_ROWS, "", "fwp_lm_tiny", recipe.WIKITEXT2_MODEL)):
+        for row, spec in table.items():
+            row_task, flags = ("translation", spec) if task is None else spec
+            if isinstance(flags, recipe.Uptrained):
+                assert flags.source in table and not isinstance(table[flags.source], recipe.Uptrained)
+                flags = flags.flags
+            parse_args(row_task, arch, *model, *flags)  # exits on a bad flag

@@ -24,15 +24,22 @@ interrupted run resumes.
   row also with the state carried through the whole test part.
 """
 import argparse
+import collections
 import json
 import os
 import re
 
+from .. import uptrain
 from . import language_model, text, translation
+from .commands import PLUGIN_DIR
 
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                             "..", "shared", "data")
 
+# A row finetuned from another row's best checkpoint (fairseq_fwp/uptrain.py) for a quarter of the
+# budget, with 100 warm-up updates: issue 20's uptraining.
+Uptrained = collections.namedtuple("Uptrained", "source flags")
+UPTRAINING_WARMUP = ["--warmup-updates", "100"]
 PERFORMER = ["--fwp-feature-map", "performer", "--fwp-performer-features"]
 DPFP = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu"]
 MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attention normalisation
@@ -51,6 +58,9 @@ MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attenti
     # beyond the paper (issue 18): a gated delta-rule decoder; a hybrid with softmax in layer 1 of both stacks
     "dpfp-256-gated-delta": DPFP + ["2", "--fwp-update-rule", "gated-delta"],
     "dpfp-256-hybrid": DPFP + ["2", "--fwp-softmax-layers", "1"],
+    # uptrained from the softmax row (issue 20)
+    "dpfp-256-uptrained": Uptrained("softmax", DPFP + ["2"]),
+    "dpfp-256-delta-uptrained": Uptrained("softmax", DPFP + ["2", "--fwp-update-rule", "delta"]),
 }
 MULTI30K_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
@@ -85,6 +95,8 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
     "gated-deltanet": ("language_modeling", ["--fwp-update-rule", "gated-delta", "--fwp-feature-map", "silu",
                                              "--fwp-qk-norm", "l2", "--fwp-short-conv", "4",
                                              "--fwp-output-gate", "on"]),
+    # uptrained from the softmax row, keeping its positions (issue 20)
+    "linear-delta-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"])),
 }
 WIKITEXT2_LENGTH = 64
 # test.txt from the article boundary nearest 3/4 of the way is the test part: the
@@ -120,16 +132,37 @@ def prepare_multi30k(data_dir, out):
     translation.prepare(pairs, "en", "de", out, merges=6000, workers=2)
 
 
+def uptraining(out, row_flags, save, train_argv, max_update):
+    """For an Uptrained row: converts its source row's best checkpoint. Returns (the row's flags,
+    the converted checkpoint or None, fairseq-train's budget flags)."""
+    if not isinstance(row_flags, Uptrained):
+        return row_flags, None, ["--max-update", str(max_update)]
+    source = os.path.join(out, "checkpoints", row_flags.source, "checkpoint_best.pt")
+    if not os.path.exists(source):
+        raise FileNotFoundError(f"{source} is missing: run the row {row_flags.source!r} first")
+    os.makedirs(save, exist_ok=True)
+    converted = os.path.join(save, "converted.pt")
+    uptrain.convert(source, converted, train_argv + row_flags.flags)
+    return row_flags.flags, converted, ["--max-update", str(max_update // 4), *UPTRAINING_WARMUP,
+                                        "--finetune-from-model", converted]
+
+
 def run_multi30k_row(out, row, max_update):
-    save = os.path.join(out, "checkpoints", row)
-    log = translation.train(os.path.join(out, "bin"), save, "fwp_transformer_tiny", MULTI30K_ROWS[row],
-                            MULTI30K_MODEL + MULTI30K_TRAINING, ["--max-update", str(max_update)])
+    save, data_bin = os.path.join(out, "checkpoints", row), os.path.join(out, "bin")
+    hyper = MULTI30K_MODEL + MULTI30K_TRAINING
+    flags, converted, budget = uptraining(out, MULTI30K_ROWS[row], save, [data_bin, "--user-dir", PLUGIN_DIR, "--arch",
+                                                                          "fwp_transformer_tiny", *hyper], max_update)
+    generate = ["--beam", "4", "--lenpen", "0.6", "--batch-size", "64"]
+    result = {}
+    if converted:  # the quality right after conversion, before any update
+        before = translation.translate_and_score(out, converted, "en", "de", generate, os.path.join(save, "converted"))
+        result.update(bleu_converted=before["sacrebleu"], uptraining_updates=max_update // 4)
+    log = translation.train(data_bin, save, "fwp_transformer_tiny", flags, hyper, budget)
     scores = translation.translate_and_score(out, os.path.join(save, "checkpoint_best.pt"), "en", "de",
-                                             ["--beam", "4", "--lenpen", "0.6", "--batch-size", "64"],
-                                             os.path.join(save, "test"))
-    return {"bleu": scores["sacrebleu"], "tokenized_bleu": scores["tokenized_bleu"],
-            "signature": scores["sacrebleu_signature"], "train_wps": train_words_per_second(log),
-            "generate_tokens_per_s": scores["generate_tokens_per_s"]}
+                                             generate, os.path.join(save, "test"))
+    return dict(result, bleu=scores["sacrebleu"], tokenized_bleu=scores["tokenized_bleu"],
+                signature=scores["sacrebleu_signature"], train_wps=train_words_per_second(log),
+                generate_tokens_per_s=scores["generate_tokens_per_s"])
 
 
 def split_at_article_boundary(lines, fraction):
@@ -154,11 +187,18 @@ def prepare_wikitext2(data_dir, out):
 
 def run_wikitext2_row(out, row, max_update):
     task, flags = WIKITEXT2_ROWS[row]
-    save = os.path.join(out, "checkpoints", row)
-    log = language_model.train(os.path.join(out, "bin"), save, "fwp_lm_tiny", task, WIKITEXT2_LENGTH, 16, flags,
-                               WIKITEXT2_MODEL + WIKITEXT2_TRAINING, ["--max-update", str(max_update)])
+    save, data_bin = os.path.join(out, "checkpoints", row), os.path.join(out, "bin")
+    hyper = WIKITEXT2_MODEL + WIKITEXT2_TRAINING
+    task_flags = language_model.task_flags(task, WIKITEXT2_LENGTH, 16)
+    flags, converted, budget = uptraining(out, flags, save, [data_bin, "--user-dir", PLUGIN_DIR, "--arch",
+                                                             "fwp_lm_tiny", *map(str, task_flags), *hyper], max_update)
+    result = {}
+    if converted:  # the perplexity right after conversion, before any update
+        result.update(uptraining_updates=max_update // 4, test_ppl_converted=language_model.evaluate(
+            data_bin, converted, "sliding", WIKITEXT2_LENGTH)["perplexity"])
+    log = language_model.train(data_bin, save, "fwp_lm_tiny", task, WIKITEXT2_LENGTH, 16, flags, hyper, budget)
     checkpoint = os.path.join(save, "checkpoint_best.pt")
-    result = {"train_wps": train_words_per_second(log)}
+    result["train_wps"] = train_words_per_second(log)
     protocols = ("sliding", "carry") if task == "fwp_stream_lm" else ("sliding",)
     for protocol in protocols:
         ppl = language_model.evaluate(os.path.join(out, "bin"), checkpoint, protocol, WIKITEXT2_LENGTH)

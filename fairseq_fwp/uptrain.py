@@ -1,0 +1,100 @@
+"""Uptraining: a trained softmax Transformer turned into a fast-weight one (Kasai et al., 2021,
+"Finetuning Pretrained Transformers into RNNs"), then finetuned briefly.
+
+    python -m fairseq_fwp.uptrain --softmax-checkpoint SOFTMAX.pt --out CONVERTED.pt -- \\
+        DATA --user-dir fairseq_fwp --arch ARCH [model flags] --fwp-feature-map dpfp ...
+    fairseq-train DATA --user-dir fairseq_fwp --arch ARCH [the same flags] [training flags] \\
+        --finetune-from-model CONVERTED.pt --save-dir DIR
+
+Everything after ``--`` is what fairseq-train will be given: the fast-weight
+model is built from it, every parameter it shares with the softmax checkpoint
+(embeddings, projections, feed-forward layers, norms: the same names in both)
+is copied, and the new ones (the delta rule's beta projection, decay and
+output gates, short convolutions, random features) keep their initialisation,
+which starts the gates near their ungated behaviour. A parameter whose shape
+differs, or a softmax parameter the fast-weight model has no place for, stops
+the conversion with its name. The converted file is a complete fairseq
+checkpoint: fairseq-generate and fairseq-eval-lm score it as it is (the
+quality before any update), and ``--finetune-from-model`` starts training
+from it with fresh optimizer, learning-rate schedule, meters and data
+iterator (a resumed run continues from its own checkpoint_last.pt instead).
+"""
+import argparse
+import logging
+import sys
+
+import torch
+
+logger = logging.getLogger("fairseq_fwp.uptrain")
+# State-dict entries that are not parameters: fairseq's version stamps and the
+# sinusoidal positions' placeholder; a fast-weight model may do without them.
+NOT_PARAMETERS = ("version", "_float_tensor")
+
+
+def transfer(source, target):
+    """Copy every entry of `source` that `target` has (state dicts).
+
+    Returns (the new state dict, the names that kept their initialisation).
+    Raises ValueError naming a parameter whose shape differs, or softmax
+    parameters the target has no place for.
+    """
+    state = dict(target)
+    unplaced = []
+    for name, value in source.items():
+        if name not in target:
+            if not name.endswith(NOT_PARAMETERS):
+                unplaced.append(name)
+            continue
+        if tuple(value.shape) != tuple(target[name].shape):
+            raise ValueError(f"parameter {name}: the softmax checkpoint has shape {tuple(value.shape)}, "
+                             f"the fast-weight model {tuple(target[name].shape)}; convert between models of "
+                             "the same shape (layers, widths, heads, vocabulary)")
+        state[name] = value.to(target[name].dtype)
+    if unplaced:
+        raise ValueError(f"the fast-weight model has no place for these softmax parameters: {', '.join(unplaced)} "
+                         "(a different number of layers? learned positions need --fwp-positions on)")
+    return state, [name for name in target if name not in source]
+
+
+def convert(softmax_checkpoint, out, train_argv):
+    """Build the model fairseq-train would build from train_argv, fill it from the softmax checkpoint,
+    and save a complete checkpoint of it at `out`. Returns the names that kept their initialisation."""
+    from fairseq import checkpoint_utils, options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in train_argv])
+    cfg = convert_namespace_to_omegaconf(args)
+    torch.manual_seed(cfg.common.seed)  # the new parameters' initialisation, as fairseq-train would draw it
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(softmax_checkpoint)
+    state, fresh = transfer(checkpoint["model"], model.state_dict())
+    model.load_state_dict(state, strict=True)  # the target's own check that nothing is missing
+    # a model at update 0: no optimizer state, no position in an epoch
+    last = checkpoint["optimizer_history"][-1]
+    checkpoint.update(model=model.state_dict(), cfg=OmegaConf.to_container(cfg), last_optimizer_state=None,
+                      optimizer_history=[{"criterion_name": last["criterion_name"], "optimizer_name": last["optimizer_name"],
+                                          "lr_scheduler_state": {}, "num_updates": 0}],
+                      extra_state={"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}, "val_loss": None})
+    torch.save(checkpoint, out)
+    return fresh
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        raise SystemExit("usage: python -m fairseq_fwp.uptrain --softmax-checkpoint FILE --out FILE -- "
+                         "<the fairseq-train arguments of the fast-weight model>")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--softmax-checkpoint", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv[:split])
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    fresh = convert(args.softmax_checkpoint, args.out, argv[split + 1:])
+    logger.info(f"wrote {args.out}; initialised afresh: {', '.join(fresh) if fresh else 'nothing'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Uptraining (fairseq_fwp/uptrain.py): a softmax checkpoint converted into a fast-weight model."""
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+
+from fairseq_fwp.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
+from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
+from fairseq_fwp.uptrain import convert, transfer  # noqa: E402
+from pipeline import COMMON_TRAIN, preprocess_lm, preprocess_translation  # noqa: E402
+
+
+def test_transfer_copies_what_is_shared_and_names_what_does_not_fit():
+    source = {"a.weight": torch.ones(2, 3), "b.bias": torch.ones(2), "decoder.version": torch.ones(1)}
+    target = {"a.weight": torch.zeros(2, 3), "b.bias": torch.zeros(2), "beta_proj.weight": torch.zeros(4)}
+    state, fresh = transfer(source, target)
+    assert torch.equal(state["a.weight"], torch.ones(2, 3)) and fresh == ["beta_proj.weight"]
+    with pytest.raises(ValueError, match=r"parameter a.weight: the softmax checkpoint has shape \(2, 3\), "
+                                         r"the fast-weight model \(3, 3\)"):
+        transfer(source, dict(target, **{"a.weight": torch.zeros(3, 3)}))
+    with pytest.raises(ValueError, match="no place for these softmax parameters: c.weight"):
+        transfer(dict(source, **{"c.weight": torch.ones(1)}), target)
+
+
+MT_MODEL = ["--arch", "fwp_transformer_tiny", "--dropout", "0", "--max-tokens", "2000", "--lr", "0.002",
+            "--warmup-updates", "10", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+DPFP_DELTA = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2", "--fwp-update-rule", "delta"]
+
+
+@pytest.fixture(scope="module")
+def softmax_translation(tmp_path_factory):
+    root = tmp_path_factory.mktemp("uptrain")
+    mt_raw, _ = write_corpora(root / "raw", n_train=600, n_eval=30, seed=4)
+    preprocess_translation(mt_raw, root / "bin")
+    fairseq("train", root / "bin", *COMMON_TRAIN, *MT_MODEL, "--fwp-feature-map", "softmax", "--max-update", 15,
+            "--save-dir", root / "softmax")
+    return root
+
+
+def test_a_converted_translation_model_generates_and_finetunes(softmax_translation, tmp_path):
+    root = softmax_translation
+    converted = tmp_path / "converted.pt"
+    fresh = convert(str(root / "softmax" / "checkpoint_last.pt"), str(converted),
+                    [str(root / "bin"), "--user-dir", PLUGIN_DIR, *COMMON_TRAIN, *MT_MODEL, *DPFP_DELTA])
+    assert fresh and all("beta_proj" in name or "feature_map" in name for name in fresh)
+    softmax = torch.load(root / "softmax" / "checkpoint_last.pt", weights_only=False)["model"]
+    ours = torch.load(converted, weights_only=False)["model"]
+    shared = [name for name in softmax if name in ours]
+    assert len(shared) > 40 and all(torch.equal(softmax[name], ours[name]) for name in shared)
+    # scored as it is: the quality before any update
+    output = fairseq("generate", root / "bin", "--user-dir", PLUGIN_DIR, "--path", converted, "--gen-subset", "test",
+                     "--beam", 2, "--scoring", "sacrebleu")
+    assert re.search(r"BLEU = [0-9.]+", output)
+    log = fairseq("train", root / "bin", *COMMON_TRAIN, *MT_MODEL, *DPFP_DELTA, "--max-update", 4,
+                  "--finetune-from-model", converted, "--save-dir", tmp_path / "uptrained")
+    updates = [int(n) for n in re.findall(r"num_updates=(\d+)", log)]
+    assert updates == [1, 2, 3, 4]  # from update 0, with a fresh optimizer
+
+
+def test_a_converted_language_model_and_shapes_that_differ(tmp_path):
+    _, lm_raw = write_corpora(tmp_path / "raw", n_train=300, n_eval=30, seed=4)
+    preprocess_lm(lm_raw, tmp_path / "bin")
+    lm = ["--task", "language_modeling", "--arch", "fwp_lm_tiny", "--tokens-per-sample", 32,
+          "--sample-break-mode", "none", "--max-tokens", 512, "--lr", "0.002", "--warmup-updates", 5]
+    fairseq("train", tmp_path / "bin", *COMMON_TRAIN, *lm, "--fwp-feature-map", "softmax", "--fwp-positions", "on",
+            "--decoder-learned-pos", "--max-update", 3, "--save-dir", tmp_path / "softmax")
+    source = str(tmp_path / "softmax" / "checkpoint_last.pt")
+    base = [str(tmp_path / "bin"), "--user-dir", PLUGIN_DIR, *map(str, COMMON_TRAIN + lm)]
+    convert(source, str(tmp_path / "delta.pt"), base + ["--fwp-positions", "on", "--decoder-learned-pos"])
+    output = fairseq("eval-lm", tmp_path / "bin", "--user-dir", PLUGIN_DIR, "--path", tmp_path / "delta.pt",
+                     "--gen-subset", "test", "--tokens-per-sample", 32)
+    assert re.search(r"Perplexity: [0-9.]+", output)
+    with pytest.raises(ValueError, match="no place for these softmax parameters: decoder.embed_positions.weight"):
+        convert(source, str(tmp_path / "x.pt"), base)  # the Delta Net's default: no positions
+    with pytest.raises(ValueError, match="parameter decoder.layers.0.fc1.weight"):
+        convert(source, str(tmp_path / "x.pt"), base + ["--fwp-positions", "on", "--decoder-learned-pos",
+                                                        "--decoder-ffn-embed-dim", "64"])
