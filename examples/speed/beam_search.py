@@ -57,26 +57,26 @@ SHAPE = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim"
 VOCAB, SENTENCES, SOURCE_LENGTH = 6000, 32, 20
 
 
-def build_model(flags, dictionary, seed=0):
+def build(model_class, task, arch, shape, flags, dictionary, seed=0):
+    """A randomly initialised plugin model, through fairseq's own argument parsing."""
+    argv = ["/nonexistent", "--task", task, "--arch", arch, "--user-dir", os.path.join(ROOT, "fairseq_fwp"),
+            *shape, *flags]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    torch.manual_seed(seed)
+    holder = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    return model_class.build_model(args, holder).eval()
+
+
+def build_model(flags, dictionary):
     from fairseq_fwp.models.fwp_transformer import FastWeightTransformerModel
 
-    argv = ["/nonexistent", "--task", "translation", "--arch", "fwp_transformer_tiny", "--user-dir",
-            os.path.join(ROOT, "fairseq_fwp"), *SHAPE, *flags]
-    args = options.parse_args_and_arch(options.get_training_parser(), argv)
-    torch.manual_seed(seed)
-    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    return FastWeightTransformerModel.build_model(args, task).eval()
+    return build(FastWeightTransformerModel, "translation", "fwp_transformer_tiny", SHAPE, flags, dictionary)
 
 
-def build_lm(flags, dictionary, seed=0):
+def build_lm(flags, dictionary):
     from fairseq_fwp.models.fwp_transformer_lm import FastWeightTransformerLanguageModel
 
-    argv = ["/nonexistent", "--task", "language_modeling", "--arch", "fwp_lm_tiny", "--user-dir",
-            os.path.join(ROOT, "fairseq_fwp"), *LM_SHAPE, *flags]
-    args = options.parse_args_and_arch(options.get_training_parser(), argv)
-    torch.manual_seed(seed)
-    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    return FastWeightTransformerLanguageModel.build_model(args, task).eval()
+    return build(FastWeightTransformerLanguageModel, "language_modeling", "fwp_lm_tiny", LM_SHAPE, flags, dictionary)
 
 
 def make_batch(dictionary, seed=1):
