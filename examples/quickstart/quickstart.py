@@ -41,6 +41,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     start = time.time()
+    print(f"{len(MT_ROWS)} translation and {len(LM_ROWS)} language models, trained one after the other; "
+          "preparing the synthetic corpora", flush=True)
     mt_raw, lm_raw = write_corpora(os.path.join(args.out, "raw"), n_train=3000, n_eval=203)
     mt_bin, lm_bin = os.path.join(args.out, "bin-mt"), os.path.join(args.out, "bin-lm")
     preprocess_translation(mt_raw, mt_bin)
@@ -49,6 +51,7 @@ def main(argv=None):
     results = []
     for feature_map, rule, extra in MT_ROWS:
         save = os.path.join(args.out, f"mt-{feature_map}-{rule}")
+        print(f"[{time.time() - start:5.0f}s] training translation {feature_map}/{rule}", flush=True)
         log = train_translation(mt_bin, save, *row_flags(feature_map, rule, extra), "--dropout", 0,
                                 max_update=args.mt_updates, lr=0.003, warmup=100)
         score = bleu(generate(mt_bin, os.path.join(save, "checkpoint_last.pt")))
@@ -56,6 +59,7 @@ def main(argv=None):
         print(f"[{time.time() - start:5.0f}s] translation {feature_map}/{rule}: BLEU {score:.1f}", flush=True)
     for feature_map, rule, extra in LM_ROWS:
         save = os.path.join(args.out, f"lm-{feature_map}-{rule}")
+        print(f"[{time.time() - start:5.0f}s] training language model {feature_map}/{rule}", flush=True)
         log = train_lm(lm_bin, save, *row_flags(feature_map, rule, extra), max_update=args.lm_updates)
         # the paper's protocol: windows of the training length, stride 1 (tests/test_sliding_window.py)
         ppl = perplexity(eval_lm(lm_bin, os.path.join(save, "checkpoint_last.pt"), "--context-window", 63))
