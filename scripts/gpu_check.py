@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "quickstart"))
 
 import torch  # noqa: E402
 
-TEST_FILES = ["tests/test_kernels.py", "tests/test_fla.py", "tests/test_ops.py", "tests/test_attention.py"]
+TEST_FILES = ["tests/test_kernels.py", "tests/test_fla.py", "tests/test_ops.py", "tests/test_gated_ops.py",
+              "tests/test_attention.py"]
 PRECISIONS = ("--fp16", "--bf16", "--amp")
 OUTCOMES = {True: "passed", False: "FAILED", None: "skipped (needs CUDA)"}
 
