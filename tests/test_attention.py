@@ -306,3 +306,21 @@ def test_beam_search_scores_equal_a_full_forward_of_each_hypothesis(fm, rule, at
                 lprobs = model.get_normalized_probs((logits, None), log_probs=True)[0]
                 want = lprobs.gather(-1, target[0].unsqueeze(-1)).squeeze(-1)
                 torch.testing.assert_close(hypo["positional_scores"], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("extra", [[], ["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"],
+                                   ["--fwp-update-rule", "gated-delta", "--fwp-short-conv", "3"]])
+def test_language_model_decoding_with_left_padded_prompts_equals_full_forward(extra):
+    """fairseq passes a padding mask for the decoded token when prompts are padded: padded steps
+    neither write nor decay, in decoding as in the full forward."""
+    from fairseq_models import build_lm_model
+
+    model, d = build_lm_model(*extra)
+    tokens = random_tokens(d, [9, 6], left_pad=True)  # row 1 starts with 3 pads
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state, steps = {}, []
+        for t in range(tokens.shape[1]):
+            steps.append(model.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1])
+    real = tokens.ne(d.pad())
+    torch.testing.assert_close(torch.stack(steps, 1)[real], full[real], rtol=1e-5, atol=1e-5)

@@ -168,7 +168,7 @@ class FastWeightAttention(nn.Module):
             beta = None if beta is None else beta * keep.unsqueeze(1).to(beta.dtype)
             decay = None if decay is None else decay.masked_fill(~keep.unsqueeze(1), 1.0)
         acc = accumulation_dtype(q.dtype)
-        one_step = incremental_state is not None and T == 1 and keep is None and not torch.is_grad_enabled()
+        one_step = incremental_state is not None and T == 1 and not torch.is_grad_enabled()
 
         z = None
         if self.attention_normalization:  # z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18); padded keys are zero
