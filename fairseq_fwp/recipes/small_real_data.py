@@ -8,7 +8,7 @@ repository. Every row trains the same small model with the same budget,
 differing only in its --fwp-* flags; results (BLEU or perplexity, and
 training words/s) go to OUT/results.json and a markdown table on stdout.
 Rows whose results are already in OUT/results.json are skipped, so an
-interrupted run resumes.
+interrupted run resumes; --evaluate-only evaluates trained rows again.
 
 - multi30k: 29K training pairs; joint BPE (6K merges); a 2+2-layer
   Transformer of width 128 with 2 heads (d_key 64, as in the paper, so the
@@ -152,17 +152,25 @@ def run_multi30k_row(out, row, max_update):
     hyper = MULTI30K_MODEL + MULTI30K_TRAINING
     flags, converted, budget = uptraining(out, MULTI30K_ROWS[row], save, [data_bin, "--user-dir", PLUGIN_DIR, "--arch",
                                                                           "fwp_transformer_tiny", *hyper], max_update)
-    generate = ["--beam", "4", "--lenpen", "0.6", "--batch-size", "64"]
     result = {}
     if converted:  # the quality right after conversion, before any update
-        before = translation.translate_and_score(out, converted, "en", "de", generate, os.path.join(save, "converted"))
+        before = translation.translate_and_score(out, converted, "en", "de", MULTI30K_GENERATE,
+                                                 os.path.join(save, "converted"))
         result.update(bleu_converted=before["sacrebleu"], uptraining_updates=max_update // 4)
     log = translation.train(data_bin, save, "fwp_transformer_tiny", flags, hyper, budget)
+    return dict(result, train_wps=train_words_per_second(log), **evaluate_multi30k_row(out, row))
+
+
+MULTI30K_GENERATE = ["--beam", "4", "--lenpen", "0.6", "--batch-size", "64"]
+
+
+def evaluate_multi30k_row(out, row):
+    """BLEU and decoding speed of a trained row's best checkpoint."""
+    save = os.path.join(out, "checkpoints", row)
     scores = translation.translate_and_score(out, os.path.join(save, "checkpoint_best.pt"), "en", "de",
-                                             generate, os.path.join(save, "test"))
-    return dict(result, bleu=scores["sacrebleu"], tokenized_bleu=scores["tokenized_bleu"],
-                signature=scores["sacrebleu_signature"], train_wps=train_words_per_second(log),
-                generate_tokens_per_s=scores["generate_tokens_per_s"])
+                                             MULTI30K_GENERATE, os.path.join(save, "test"))
+    return {"bleu": scores["sacrebleu"], "tokenized_bleu": scores["tokenized_bleu"],
+            "signature": scores["sacrebleu_signature"], "generate_tokens_per_s": scores["generate_tokens_per_s"]}
 
 
 def split_at_article_boundary(lines, fraction):
@@ -197,19 +205,26 @@ def run_wikitext2_row(out, row, max_update):
         result.update(uptraining_updates=max_update // 4, test_ppl_converted=language_model.evaluate(
             data_bin, converted, "sliding", WIKITEXT2_LENGTH)["perplexity"])
     log = language_model.train(data_bin, save, "fwp_lm_tiny", task, WIKITEXT2_LENGTH, 16, flags, hyper, budget)
-    checkpoint = os.path.join(save, "checkpoint_best.pt")
     result["train_wps"] = train_words_per_second(log)
-    protocols = ("sliding", "carry") if task == "fwp_stream_lm" else ("sliding",)
-    for protocol in protocols:
+    return dict(result, **evaluate_wikitext2_row(out, row))
+
+
+def evaluate_wikitext2_row(out, row):
+    """Test perplexity of a trained row's best checkpoint: the sliding window, and for a carry-over
+    row also the state carried through the whole test part."""
+    task, _ = WIKITEXT2_ROWS[row]
+    checkpoint = os.path.join(out, "checkpoints", row, "checkpoint_best.pt")
+    result = {}
+    for protocol in ("sliding", "carry") if task == "fwp_stream_lm" else ("sliding",):
         ppl = language_model.evaluate(os.path.join(out, "bin"), checkpoint, protocol, WIKITEXT2_LENGTH)
         result[f"test_ppl_{protocol}"] = ppl["perplexity"]
         result[f"test_tokens_{protocol}"] = ppl["tokens"]
     return result
 
 
-CORPORA = {
-    "multi30k": (prepare_multi30k, run_multi30k_row, MULTI30K_ROWS, 1200),
-    "wikitext2": (prepare_wikitext2, run_wikitext2_row, WIKITEXT2_ROWS, 1500),
+CORPORA = {  # prepare, train and evaluate a row, evaluate a trained row, rows, default updates
+    "multi30k": (prepare_multi30k, run_multi30k_row, evaluate_multi30k_row, MULTI30K_ROWS, 1200),
+    "wikitext2": (prepare_wikitext2, run_wikitext2_row, evaluate_wikitext2_row, WIKITEXT2_ROWS, 1500),
 }
 
 
@@ -220,8 +235,10 @@ def main(argv=None):
     parser.add_argument("--data-dir", default=DEFAULT_DATA, help="the folder with multi30k/ and wikitext-2/")
     parser.add_argument("--rows", nargs="+", help="a subset of the corpus's rows (default: all)")
     parser.add_argument("--max-update", type=int, help="training updates per row")
+    parser.add_argument("--evaluate-only", action="store_true",
+                        help="evaluate the rows already trained again (e.g. decoding speed after a code change)")
     args = parser.parse_args(argv)
-    prepare, run_row, table, default_updates = CORPORA[args.corpus]
+    prepare, run_row, evaluate_row, table, default_updates = CORPORA[args.corpus]
     unknown = set(args.rows or []) - set(table)
     if unknown:
         parser.error(f"--rows: {', '.join(sorted(unknown))} not among {', '.join(table)}")
@@ -230,10 +247,13 @@ def main(argv=None):
     results_path = os.path.join(args.out, "results.json")
     results = json.load(open(results_path)) if os.path.exists(results_path) else {}
     for row in args.rows or table:
-        if row in results:
+        if args.evaluate_only and row in results:
+            results[row].update(evaluate_row(args.out, row))
+        elif row in results or args.evaluate_only:
             continue
-        results[row] = run_row(args.out, row, args.max_update or default_updates)
-        results[row]["max_update"] = args.max_update or default_updates
+        else:
+            results[row] = run_row(args.out, row, args.max_update or default_updates)
+            results[row]["max_update"] = args.max_update or default_updates
         with open(results_path, "w") as f:
             json.dump(results, f, indent=1)
         print(f"{row}: {json.dumps(results[row])}", flush=True)
