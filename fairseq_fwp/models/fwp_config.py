@@ -50,8 +50,9 @@ class FastWeightConfig(FairseqDataclass):
         default=1, metadata={"help": "FAVOR+: new random features every N training forwards (1 = every "
                                       "mini-batch, as the paper; 0 = never)"})
     fwp_performer_scaling: ChoiceEnum(ON_OFF) = field(
-        default="off", metadata={"help": "FAVOR+: scale q and k by head_dim^-1/4 first, so that the features "
-                                          "estimate softmax attention's kernel exp(q.k/sqrt(d))"})
+        default="on", metadata={"help": "FAVOR+: scale q and k by head_dim^-1/4 first, so that the features "
+                                         "estimate softmax attention's kernel exp(q.k/sqrt(d)) (off: the paper's "
+                                         "Eqs. 31-32 as written; 5-7 BLEU lower on Multi30k, docs/results.md)"})
     fwp_backend: ChoiceEnum(BACKENDS) = field(default="auto", metadata={"help": "fast-weight op backend"})
     fwp_sum_norm: ChoiceEnum(ON_OFF) = field(
         default="on", metadata={"help": "normalise phi(q), phi(k) (as --fwp-qk-norm says; Eq. 29 by default); "
