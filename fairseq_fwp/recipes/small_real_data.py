@@ -87,6 +87,7 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
     "linear-delta-carry-offset": ("fwp_stream_lm", ["--fwp-stream-offset", "random"]),
     "linear-sum-carry": ("fwp_stream_lm", ["--fwp-update-rule", "sum", "--fwp-stream-offset", "random"]),
     "gated-delta-carry": ("fwp_stream_lm", ["--fwp-update-rule", "gated-delta", "--fwp-stream-offset", "random"]),
+    "linear-delta-carry-long": ("fwp_stream_lm", ["--fwp-stream-offset", "random"]),
     # beyond the paper (issue 18): the Delta Net plus one addition each, and all of them (Gated DeltaNet)
     "gated-delta": ("language_modeling", ["--fwp-update-rule", "gated-delta"]),
     "delta-silu-l2": ("language_modeling", ["--fwp-feature-map", "silu", "--fwp-qk-norm", "l2"]),
@@ -100,6 +101,10 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
     "linear-delta-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"])),
 }
 WIKITEXT2_LENGTH = 64
+# Rows with other (streams, tokens per segment) than 16 x 64 (the same tokens per update): 4 streams of
+# 54K tokens, as long as the test part, and backpropagation through 256 tokens. Scored with the state
+# carried only (a sliding window of 256 tokens per test token would cost 4x the others).
+STREAM_SHAPES = {"linear-delta-carry-long": (4, 256)}
 # test.txt from the article boundary nearest 3/4 of the way is the test part: the
 # sliding window costs one L-token forward per test token, so it is kept small.
 TEST_FROM = 0.75
@@ -198,14 +203,15 @@ def run_wikitext2_row(out, row, max_update):
     task, flags = WIKITEXT2_ROWS[row]
     save, data_bin = os.path.join(out, "checkpoints", row), os.path.join(out, "bin")
     hyper = WIKITEXT2_MODEL + WIKITEXT2_TRAINING
-    task_flags = language_model.task_flags(task, WIKITEXT2_LENGTH, 16)
+    streams, length = STREAM_SHAPES.get(row, (16, WIKITEXT2_LENGTH))
+    task_flags = language_model.task_flags(task, length, streams)
     flags, converted, budget = uptraining(out, flags, save, [data_bin, "--user-dir", PLUGIN_DIR, "--arch",
                                                              "fwp_lm_tiny", *map(str, task_flags), *hyper], max_update)
     result = {}
     if converted:  # the perplexity right after conversion, before any update
         result.update(uptraining_updates=max_update // 4, test_ppl_converted=language_model.evaluate(
             data_bin, converted, "sliding", WIKITEXT2_LENGTH)["perplexity"])
-    log = language_model.train(data_bin, save, "fwp_lm_tiny", task, WIKITEXT2_LENGTH, 16, flags, hyper, budget)
+    log = language_model.train(data_bin, save, "fwp_lm_tiny", task, length, streams, flags, hyper, budget)
     result["train_wps"] = train_words_per_second(log)
     return dict(result, **evaluate_wikitext2_row(out, row))
 
@@ -215,9 +221,11 @@ def evaluate_wikitext2_row(out, row):
     row also the state carried through the whole test part."""
     task, _ = WIKITEXT2_ROWS[row]
     checkpoint = os.path.join(out, "checkpoints", row, "checkpoint_best.pt")
+    length = STREAM_SHAPES.get(row, (16, WIKITEXT2_LENGTH))[1]
+    protocols = ("sliding", "carry") if task == "fwp_stream_lm" else ("sliding",)
     result = {}
-    for protocol in ("sliding", "carry") if task == "fwp_stream_lm" else ("sliding",):
-        ppl = language_model.evaluate(os.path.join(out, "bin"), checkpoint, protocol, WIKITEXT2_LENGTH)
+    for protocol in protocols[1:] if row in STREAM_SHAPES else protocols:
+        ppl = language_model.evaluate(os.path.join(out, "bin"), checkpoint, protocol, length)
         result[f"test_ppl_{protocol}"] = ppl["perplexity"]
         result[f"test_tokens_{protocol}"] = ppl["tokens"]
     return result
