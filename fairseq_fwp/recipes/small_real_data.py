@@ -85,7 +85,8 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
     "linear-delta-carry": ("fwp_stream_lm", []),
     # issue 17: streams moved every epoch; the carried Linear Transformer of Table 4
     "linear-delta-carry-offset": ("fwp_stream_lm", ["--fwp-stream-offset", "random"]),
-    "linear-sum-carry": ("fwp_stream_lm", ["--fwp-update-rule", "sum", "--fwp-stream-offset", "random"]),
+    "linear-sum-carry": ("fwp_stream_lm", ["--fwp-update-rule", "sum", "--fwp-attn-norm", "off",
+                                         "--fwp-stream-offset", "random"]),
     "gated-delta-carry": ("fwp_stream_lm", ["--fwp-update-rule", "gated-delta", "--fwp-stream-offset", "random"]),
     "linear-delta-carry-long": ("fwp_stream_lm", ["--fwp-stream-offset", "random"]),
     # beyond the paper (issue 18): the Delta Net plus one addition each, and all of them (Gated DeltaNet)
