@@ -106,6 +106,13 @@ WIKITEXT2_LENGTH = 64
 # 54K tokens, as long as the test part, and backpropagation through 256 tokens. Scored with the state
 # carried only (a sliding window of 256 tokens per test token would cost 4x the others).
 STREAM_SHAPES = {"linear-delta-carry-long": (4, 256)}
+
+
+def stream_shape(row):
+    """(streams, tokens per segment) of a WikiText-2 row."""
+    return STREAM_SHAPES.get(row, (16, WIKITEXT2_LENGTH))
+
+
 # test.txt from the article boundary nearest 3/4 of the way is the test part: the
 # sliding window costs one L-token forward per test token, so it is kept small.
 TEST_FROM = 0.75
@@ -204,7 +211,7 @@ def run_wikitext2_row(out, row, max_update):
     task, flags = WIKITEXT2_ROWS[row]
     save, data_bin = os.path.join(out, "checkpoints", row), os.path.join(out, "bin")
     hyper = WIKITEXT2_MODEL + WIKITEXT2_TRAINING
-    streams, length = STREAM_SHAPES.get(row, (16, WIKITEXT2_LENGTH))
+    streams, length = stream_shape(row)
     task_flags = language_model.task_flags(task, length, streams)
     flags, converted, budget = uptraining(out, flags, save, [data_bin, "--user-dir", PLUGIN_DIR, "--arch",
                                                              "fwp_lm_tiny", *map(str, task_flags), *hyper], max_update)
@@ -222,10 +229,13 @@ def evaluate_wikitext2_row(out, row):
     row also the state carried through the whole test part."""
     task, _ = WIKITEXT2_ROWS[row]
     checkpoint = os.path.join(out, "checkpoints", row, "checkpoint_best.pt")
-    length = STREAM_SHAPES.get(row, (16, WIKITEXT2_LENGTH))[1]
-    protocols = ("sliding", "carry") if task == "fwp_stream_lm" else ("sliding",)
+    length = stream_shape(row)[1]
+    if task != "fwp_stream_lm":
+        protocols = ("sliding",)
+    else:  # rows of other stream shapes: carried only (see STREAM_SHAPES)
+        protocols = ("carry",) if row in STREAM_SHAPES else ("sliding", "carry")
     result = {}
-    for protocol in protocols[1:] if row in STREAM_SHAPES else protocols:
+    for protocol in protocols:
         ppl = language_model.evaluate(os.path.join(out, "bin"), checkpoint, protocol, length)
         result[f"test_ppl_{protocol}"] = ppl["perplexity"]
         result[f"test_tokens_{protocol}"] = ppl["tokens"]
