@@ -18,8 +18,13 @@ checkpoint: fairseq-generate and fairseq-eval-lm score it as it is (the
 quality before any update), and ``--finetune-from-model`` starts training
 from it with fresh optimizer, learning-rate schedule, meters and data
 iterator (a resumed run continues from its own checkpoint_last.pt instead).
+
+``--attention-transfer-steps N`` first trains only the converted attentions, N steps on the training
+batches, to reproduce the softmax attentions they replace (attention_transfer.py), so that finetuning
+starts from a model that already attends almost as the softmax one did.
 """
 import argparse
+import itertools
 import logging
 import sys
 
@@ -56,9 +61,10 @@ def transfer(source, target):
     return state, [name for name in target if name not in source]
 
 
-def convert(softmax_checkpoint, out, train_argv):
+def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=1e-3):
     """Build the model fairseq-train would build from train_argv, fill it from the softmax checkpoint,
-    and save a complete checkpoint of it at `out`. Returns the names that kept their initialisation."""
+    train its attentions on the softmax ones for `transfer_steps` steps (attention_transfer.py), and save
+    a complete checkpoint of it at `out`. Returns the names that kept their initialisation."""
     from fairseq import checkpoint_utils, options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
@@ -71,6 +77,8 @@ def convert(softmax_checkpoint, out, train_argv):
     checkpoint = checkpoint_utils.load_checkpoint_to_cpu(softmax_checkpoint)
     state, fresh = transfer(checkpoint["model"], model.state_dict())
     model.load_state_dict(state, strict=True)  # the target's own check that nothing is missing
+    if transfer_steps:
+        transfer_attention(softmax_checkpoint, model, task, cfg, transfer_steps, transfer_lr)
     # a model at update 0: no optimizer state, no position in an epoch
     last = checkpoint["optimizer_history"][-1]
     checkpoint.update(model=model.state_dict(), cfg=OmegaConf.to_container(cfg), last_optimizer_state=None,
@@ -79,6 +87,37 @@ def convert(softmax_checkpoint, out, train_argv):
                       extra_state={"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}, "val_loss": None})
     torch.save(checkpoint, out)
     return fresh
+
+
+def transfer_attention(softmax_checkpoint, model, task, cfg, steps, lr):
+    """Attention transfer on the training batches fairseq-train would read (attention_transfer.py)."""
+    from fairseq import checkpoint_utils, utils
+
+    from .attention_transfer import AttentionTransfer
+
+    (teacher,), _ = checkpoint_utils.load_model_ensemble([softmax_checkpoint], task=task)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    teacher.to(device), model.to(device)
+    split = cfg.dataset.train_subset
+    task.load_dataset(split, combine=False, epoch=1)
+
+    def batches():
+        for epoch in itertools.count(1):  # as many epochs as the steps need, reshuffled each time
+            yield from task.get_batch_iterator(
+                dataset=task.dataset(split), max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
+                max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+                ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+                seed=cfg.common.seed, epoch=epoch, num_workers=0).next_epoch_itr(shuffle=True)
+
+    moved = (utils.move_to_cuda(sample) if device == "cuda" else sample for sample in batches())
+    first, last = AttentionTransfer(teacher, model, task.target_dictionary.pad(), lr).run(moved, steps)
+    logger.info(f"attention transfer: relative error {_mean(first):.3f} in the first steps, {_mean(last):.3f} "
+                "in the last")
+    model.cpu()
+
+
+def _mean(errors):
+    return sum(errors.values()) / len(errors)
 
 
 def main(argv=None):
@@ -90,9 +129,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--softmax-checkpoint", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--attention-transfer-steps", type=int, default=0, metavar="N",
+                        help="train the converted attentions on the softmax ones for N steps first (default 0: none)")
+    parser.add_argument("--attention-transfer-lr", type=float, default=1e-3, metavar="LR",
+                        help="the attention transfer's Adam learning rate (default 1e-3)")
     args = parser.parse_args(argv[:split])
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    fresh = convert(args.softmax_checkpoint, args.out, argv[split + 1:])
+    if args.attention_transfer_steps < 0:
+        parser.error(f"--attention-transfer-steps must be >= 0, got {args.attention_transfer_steps}")
+    fresh = convert(args.softmax_checkpoint, args.out, argv[split + 1:], args.attention_transfer_steps,
+                    args.attention_transfer_lr)
     logger.info(f"wrote {args.out}; initialised afresh: {', '.join(fresh) if fresh else 'nothing'}")
 
 

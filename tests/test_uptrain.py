@@ -8,7 +8,7 @@ pytest.importorskip("fairseq")
 
 from fairseq_fwp.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
 from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
-from fairseq_fwp.uptrain import convert, transfer  # noqa: E402
+from fairseq_fwp.uptrain import convert, main, transfer  # noqa: E402
 from pipeline import COMMON_TRAIN, preprocess_lm, preprocess_translation  # noqa: E402
 
 
@@ -57,6 +57,23 @@ def test_a_converted_translation_model_generates_and_finetunes(softmax_translati
                   "--finetune-from-model", converted, "--save-dir", tmp_path / "uptrained")
     updates = [int(n) for n in re.findall(r"num_updates=(\d+)", log)]
     assert updates == [1, 2, 3, 4]  # from update 0, with a fresh optimizer
+
+
+def test_attention_transfer_before_saving_trains_the_attentions_only(softmax_translation, tmp_path, caplog):
+    root = softmax_translation
+    converted = tmp_path / "transferred.pt"
+    with caplog.at_level("INFO", logger="fairseq_fwp.attention_transfer"):
+        convert(str(root / "softmax" / "checkpoint_last.pt"), str(converted),
+                [str(root / "bin"), "--user-dir", PLUGIN_DIR, *COMMON_TRAIN, *MT_MODEL, *DPFP_DELTA],
+                transfer_steps=3)
+    assert "attention transfer 3/3: relative error" in caplog.text
+    softmax = torch.load(root / "softmax" / "checkpoint_last.pt", weights_only=False)["model"]
+    ours = torch.load(converted, weights_only=False)["model"]
+    moved = {name for name in softmax if name in ours and not torch.equal(softmax[name], ours[name])}
+    assert {"encoder.layers.0.self_attn.q_proj.weight", "decoder.layers.1.encoder_attn.k_proj.weight"} <= moved
+    assert all("_attn." in name for name in moved)  # embeddings, feed-forward layers and norms are the softmax's
+    with pytest.raises(SystemExit):  # a negative step count is refused at parse time
+        main(["--softmax-checkpoint", "x.pt", "--out", "y.pt", "--attention-transfer-steps", "-1", "--", "data"])
 
 
 def test_a_converted_language_model_and_shapes_that_differ(tmp_path):

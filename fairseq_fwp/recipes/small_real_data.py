@@ -37,8 +37,9 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
                             "..", "shared", "data")
 
 # A row finetuned from another row's best checkpoint (fairseq_fwp/uptrain.py) for a quarter of the
-# budget, with 100 warm-up updates: issue 20's uptraining.
-Uptrained = collections.namedtuple("Uptrained", "source flags")
+# budget, with 100 warm-up updates: issue 20's uptraining. Steps of attention transfer before it
+# (attention_transfer.py) count against that quarter.
+Uptrained = collections.namedtuple("Uptrained", "source flags transfer_steps", defaults=(0,))
 UPTRAINING_WARMUP = ["--warmup-updates", "100"]
 PERFORMER = ["--fwp-feature-map", "performer", "--fwp-performer-features"]
 DPFP = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu"]
@@ -148,29 +149,30 @@ def prepare_multi30k(data_dir, out):
 
 def uptraining(out, row_flags, save, train_argv, max_update):
     """For an Uptrained row: converts its source row's best checkpoint. Returns (the row's flags,
-    the converted checkpoint or None, fairseq-train's budget flags)."""
+    the converted checkpoint or None, fairseq-train's budget flags, the budget's split to record)."""
     if not isinstance(row_flags, Uptrained):
-        return row_flags, None, ["--max-update", str(max_update)]
+        return row_flags, None, ["--max-update", str(max_update)], {}
     source = os.path.join(out, "checkpoints", row_flags.source, "checkpoint_best.pt")
     if not os.path.exists(source):
         raise FileNotFoundError(f"{source} is missing: run the row {row_flags.source!r} first")
     os.makedirs(save, exist_ok=True)
     converted = os.path.join(save, "converted.pt")
-    uptrain.convert(source, converted, train_argv + row_flags.flags)
-    return row_flags.flags, converted, ["--max-update", str(max_update // 4), *UPTRAINING_WARMUP,
-                                        "--finetune-from-model", converted]
+    uptrain.convert(source, converted, train_argv + row_flags.flags, row_flags.transfer_steps)
+    updates = max_update // 4 - row_flags.transfer_steps
+    return row_flags.flags, converted, ["--max-update", str(updates), *UPTRAINING_WARMUP, "--finetune-from-model",
+                                        converted], {"uptraining_updates": updates,
+                                                     "attention_transfer_steps": row_flags.transfer_steps}
 
 
 def run_multi30k_row(out, row, max_update):
     save, data_bin = os.path.join(out, "checkpoints", row), os.path.join(out, "bin")
     hyper = MULTI30K_MODEL + MULTI30K_TRAINING
-    flags, converted, budget = uptraining(out, MULTI30K_ROWS[row], save, [data_bin, "--user-dir", PLUGIN_DIR, "--arch",
-                                                                          "fwp_transformer_tiny", *hyper], max_update)
-    result = {}
-    if converted:  # the quality right after conversion, before any update
+    flags, converted, budget, result = uptraining(out, MULTI30K_ROWS[row], save, [
+        data_bin, "--user-dir", PLUGIN_DIR, "--arch", "fwp_transformer_tiny", *hyper], max_update)
+    if converted:  # the quality right after conversion (and attention transfer), before any update
         before = translation.translate_and_score(out, converted, "en", "de", MULTI30K_GENERATE,
                                                  os.path.join(save, "converted"))
-        result.update(bleu_converted=before["sacrebleu"], uptraining_updates=max_update // 4)
+        result["bleu_converted"] = before["sacrebleu"]
     log = translation.train(data_bin, save, "fwp_transformer_tiny", flags, hyper, budget)
     return dict(result, train_wps=train_words_per_second(log), **evaluate_multi30k_row(out, row))
 
@@ -213,12 +215,11 @@ def run_wikitext2_row(out, row, max_update):
     hyper = WIKITEXT2_MODEL + WIKITEXT2_TRAINING
     streams, length = stream_shape(row)
     task_flags = language_model.task_flags(task, length, streams)
-    flags, converted, budget = uptraining(out, flags, save, [data_bin, "--user-dir", PLUGIN_DIR, "--arch",
-                                                             "fwp_lm_tiny", *map(str, task_flags), *hyper], max_update)
-    result = {}
-    if converted:  # the perplexity right after conversion, before any update
-        result.update(uptraining_updates=max_update // 4, test_ppl_converted=language_model.evaluate(
-            data_bin, converted, "sliding", WIKITEXT2_LENGTH)["perplexity"])
+    flags, converted, budget, result = uptraining(out, flags, save, [
+        data_bin, "--user-dir", PLUGIN_DIR, "--arch", "fwp_lm_tiny", *map(str, task_flags), *hyper], max_update)
+    if converted:  # the perplexity right after conversion (and attention transfer), before any update
+        result["test_ppl_converted"] = language_model.evaluate(data_bin, converted, "sliding",
+                                                               WIKITEXT2_LENGTH)["perplexity"]
     log = language_model.train(data_bin, save, "fwp_lm_tiny", task, length, streams, flags, hyper, budget)
     result["train_wps"] = train_words_per_second(log)
     return dict(result, **evaluate_wikitext2_row(out, row))

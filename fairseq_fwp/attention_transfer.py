@@ -1,0 +1,102 @@
+"""Attention transfer: before finetuning, each fast-weight attention of a converted model learns to
+reproduce the softmax attention it replaces (the first stage of LoLCATs, Zhang et al. 2024, after
+Hedgehog's attention distillation, Zhang et al. ICLR 2024).
+
+The softmax model (the teacher) reads training batches unchanged, in eval mode. A hook on each of its
+attention modules hands that module's inputs to the fast-weight attention of the same name in the
+converted model (the student), and the student's loss is its squared error against the teacher's output
+relative to the teacher output's mean square, over unpadded query positions, summed over the layers.
+Only the students' attention parameters train, each layer on the teacher's own inputs: the layers learn
+independently, and no gradient passes through the rest of either model (a step costs a teacher forward
+and the attentions' backward, well under a training update).
+"""
+import itertools
+import logging
+
+import torch
+from fairseq.modules import MultiheadAttention
+
+from .modules.fast_weight_attention import FastWeightAttention
+
+logger = logging.getLogger("fairseq_fwp.attention_transfer")
+
+
+def attention_pairs(teacher, student):
+    """[(name, softmax attention, fast-weight attention)] for every attention the student replaced."""
+    students = dict(student.named_modules())
+    pairs = [(name, module, students[name]) for name, module in teacher.named_modules()
+             if isinstance(module, MultiheadAttention) and isinstance(students.get(name), FastWeightAttention)]
+    carried = [name for name, _, attention in pairs if attention.streams is not None]
+    if carried:
+        raise ValueError(f"attention transfer trains on independent segments, but {carried[0]} carries its state "
+                         "across them: convert with --task language_modeling, finetune with fwp_stream_lm")
+    return pairs
+
+
+def relative_error(student_out, teacher_out, keep):
+    """sum |s - t|^2 / sum |t|^2 over the positions where keep ``[T, B, 1]`` is 1."""
+    return ((student_out - teacher_out).pow(2) * keep).sum() / ((teacher_out.pow(2) * keep).sum() + 1e-12)
+
+
+def query_padding(name, net_input, padding_idx):
+    """[T, B, 1] weights of the query positions an attention named `name` sees: 0 at padding."""
+    if name.startswith("encoder."):
+        tokens = net_input["src_tokens"]
+    else:  # a translation decoder reads prev_output_tokens, a language model src_tokens
+        tokens = net_input.get("prev_output_tokens", net_input["src_tokens"])
+    return tokens.ne(padding_idx).t().unsqueeze(-1).float()
+
+
+class AttentionTransfer:
+    """Trains the fast-weight attentions of `student` on the softmax attentions of `teacher`."""
+
+    def __init__(self, teacher, student, padding_idx, lr=1e-3):
+        self.teacher, self.student, self.padding_idx = teacher, student, padding_idx
+        self.pairs = attention_pairs(teacher, student)
+        if not self.pairs:
+            raise ValueError("the converted model has no fast-weight attention in place of a softmax one")
+        self.parameters = [p for _, _, attention in self.pairs for p in attention.parameters()]
+        self.optimizer = torch.optim.Adam(self.parameters, lr=lr, betas=(0.9, 0.98))
+
+    def step(self, net_input):
+        """One update on one batch; returns {attention name: its relative error before the update}."""
+        errors = {}
+
+        def compare(name, student_attention):
+            def hook(_module, args, kwargs, output):
+                with torch.enable_grad():
+                    student_out, _ = student_attention(*args, **kwargs)
+                    errors[name] = relative_error(student_out, output[0],
+                                                  query_padding(name, net_input, self.padding_idx))
+            return hook
+
+        handles = [teacher_attention.register_forward_hook(compare(name, attention), with_kwargs=True)
+                   for name, teacher_attention, attention in self.pairs]
+        try:
+            with torch.no_grad():
+                self.teacher(**net_input)
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.optimizer.zero_grad(set_to_none=True)
+        sum(errors.values()).backward()
+        self.optimizer.step()
+        return {name: error.item() for name, error in errors.items()}
+
+    def run(self, batches, steps, log_interval=50):
+        """`steps` updates, one batch each; returns the mean relative error of every attention over the
+        first and over the last `log_interval` steps (before each step's update)."""
+        self.teacher.eval()
+        self.student.train()
+        history = []
+        for number, sample in enumerate(itertools.islice(batches, steps), 1):
+            history.append(self.step(sample["net_input"]))
+            if number % log_interval == 0 or number == steps:
+                recent = mean_errors(history[-log_interval:])
+                logger.info(f"attention transfer {number}/{steps}: relative error {sum(recent.values()) / len(recent):.3f} "
+                            "(" + ", ".join(f"{name} {error:.3f}" for name, error in recent.items()) + ")")
+        return mean_errors(history[:log_interval]), mean_errors(history[-log_interval:])
+
+
+def mean_errors(history):
+    return {name: sum(step[name] for step in history) / len(history) for name in history[0]} if history else {}
