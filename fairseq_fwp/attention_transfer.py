@@ -84,8 +84,8 @@ class AttentionTransfer:
         return {name: error.item() for name, error in errors.items()}
 
     def run(self, batches, steps, log_interval=50):
-        """`steps` updates, one batch each; returns the mean relative error of every attention over the
-        first and over the last `log_interval` steps (before each step's update)."""
+        """`steps` updates, one batch each; returns the relative error of every attention on the first
+        batch (before any update) and its mean over the last `log_interval` steps."""
         self.teacher.eval()
         self.student.train()
         history = []
@@ -95,7 +95,7 @@ class AttentionTransfer:
                 recent = mean_errors(history[-log_interval:])
                 logger.info(f"attention transfer {number}/{steps}: relative error {sum(recent.values()) / len(recent):.3f} "
                             "(" + ", ".join(f"{name} {error:.3f}" for name, error in recent.items()) + ")")
-        return mean_errors(history[:log_interval]), mean_errors(history[-log_interval:])
+        return history[0], mean_errors(history[-log_interval:])
 
 
 def mean_errors(history):

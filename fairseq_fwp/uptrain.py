@@ -61,7 +61,7 @@ def transfer(source, target):
     return state, [name for name in target if name not in source]
 
 
-def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=1e-3):
+def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=3e-3):
     """Build the model fairseq-train would build from train_argv, fill it from the softmax checkpoint,
     train its attentions on the softmax ones for `transfer_steps` steps (attention_transfer.py), and save
     a complete checkpoint of it at `out`. Returns the names that kept their initialisation."""
@@ -111,8 +111,7 @@ def transfer_attention(softmax_checkpoint, model, task, cfg, steps, lr):
 
     moved = (utils.move_to_cuda(sample) if device == "cuda" else sample for sample in batches())
     first, last = AttentionTransfer(teacher, model, task.target_dictionary.pad(), lr).run(moved, steps)
-    logger.info(f"attention transfer: relative error {_mean(first):.3f} in the first steps, {_mean(last):.3f} "
-                "in the last")
+    logger.info(f"attention transfer: relative error {_mean(first):.3f} before, {_mean(last):.3f} at the end")
     model.cpu()
 
 
@@ -131,8 +130,8 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--attention-transfer-steps", type=int, default=0, metavar="N",
                         help="train the converted attentions on the softmax ones for N steps first (default 0: none)")
-    parser.add_argument("--attention-transfer-lr", type=float, default=1e-3, metavar="LR",
-                        help="the attention transfer's Adam learning rate (default 1e-3)")
+    parser.add_argument("--attention-transfer-lr", type=float, default=3e-3, metavar="LR",
+                        help="the attention transfer's Adam learning rate (default 3e-3)")
     args = parser.parse_args(argv[:split])
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.attention_transfer_steps < 0:

@@ -65,7 +65,7 @@ def test_every_replaced_attention_learns_and_nothing_else_moves(build, flags):
     first, last = transfer_.run(iter([{"net_input": net_input}] * 40), steps=40, log_interval=5)
     assert set(first) == expected
     for name in expected:  # every layer's error falls on the batch it trains on
-        assert last[name] < 0.7 * first[name], (name, first[name], last[name])
+        assert last[name] < 0.5 * first[name], (name, first[name], last[name])
     after = student.state_dict()
     moved = {name for name in after if not torch.equal(after[name], student_before[name])}
     assert moved and moved <= attention_parameters(student) | {n for n in after if "feature_map" in n}

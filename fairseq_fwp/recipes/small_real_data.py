@@ -62,6 +62,10 @@ MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attenti
     # uptrained from the softmax row (issue 20)
     "dpfp-256-uptrained": Uptrained("softmax", DPFP + ["2"]),
     "dpfp-256-delta-uptrained": Uptrained("softmax", DPFP + ["2", "--fwp-update-rule", "delta"]),
+    # ... with 100 steps of attention transfer first, then 200 updates
+    "dpfp-256-transfer-uptrained": Uptrained("softmax", DPFP + ["2"], transfer_steps=100),
+    "dpfp-256-delta-transfer-uptrained": Uptrained("softmax", DPFP + ["2", "--fwp-update-rule", "delta"],
+                                                   transfer_steps=100),
 }
 MULTI30K_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
@@ -101,6 +105,8 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
                                              "--fwp-output-gate", "on"]),
     # uptrained from the softmax row, keeping its positions (issue 20)
     "linear-delta-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"])),
+    "linear-delta-transfer-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"],
+                                                                        transfer_steps=100)),
 }
 WIKITEXT2_LENGTH = 64
 # Rows with other (streams, tokens per segment) than 16 x 64 (the same tokens per update): 4 streams of
