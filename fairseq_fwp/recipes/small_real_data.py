@@ -37,10 +37,11 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
                             "..", "shared", "data")
 
 # A row finetuned from another row's best checkpoint (fairseq_fwp/uptrain.py) for a quarter of the
-# budget, with 100 warm-up updates: issue 20's uptraining. Steps of attention transfer before it
-# (attention_transfer.py) count against that quarter.
+# budget, warming up over its first 100 updates (half of them, if fewer than 200): issue 20's
+# uptraining. Steps of attention transfer before it (attention_transfer.py) count against that quarter.
 Uptrained = collections.namedtuple("Uptrained", "source flags transfer_steps", defaults=(0,))
-UPTRAINING_WARMUP = ["--warmup-updates", "100"]
+UPTRAINING_WARMUP = 100
+
 PERFORMER = ["--fwp-feature-map", "performer", "--fwp-performer-features"]
 DPFP = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu"]
 MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attention normalisation
@@ -62,10 +63,9 @@ MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attenti
     # uptrained from the softmax row (issue 20)
     "dpfp-256-uptrained": Uptrained("softmax", DPFP + ["2"]),
     "dpfp-256-delta-uptrained": Uptrained("softmax", DPFP + ["2", "--fwp-update-rule", "delta"]),
-    # ... with 100 steps of attention transfer first, then 200 updates
-    "dpfp-256-transfer-uptrained": Uptrained("softmax", DPFP + ["2"], transfer_steps=100),
-    "dpfp-256-delta-transfer-uptrained": Uptrained("softmax", DPFP + ["2", "--fwp-update-rule", "delta"],
-                                                   transfer_steps=100),
+    # ... with 100 or 200 steps of attention transfer first, then 200 or 100 updates
+    **{f"dpfp-256{rule}-transfer{steps}-uptrained": Uptrained("softmax", DPFP + ["2"] + flags, transfer_steps=steps)
+       for rule, flags in (("", []), ("-delta", ["--fwp-update-rule", "delta"])) for steps in (100, 200)},
 }
 MULTI30K_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
@@ -105,7 +105,7 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
                                              "--fwp-output-gate", "on"]),
     # uptrained from the softmax row, keeping its positions (issue 20)
     "linear-delta-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"])),
-    "linear-delta-transfer-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"],
+    "linear-delta-transfer100-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"],
                                                                         transfer_steps=100)),
 }
 WIKITEXT2_LENGTH = 64
@@ -165,9 +165,10 @@ def uptraining(out, row_flags, save, train_argv, max_update):
     converted = os.path.join(save, "converted.pt")
     uptrain.convert(source, converted, train_argv + row_flags.flags, row_flags.transfer_steps)
     updates = max_update // 4 - row_flags.transfer_steps
-    return row_flags.flags, converted, ["--max-update", str(updates), *UPTRAINING_WARMUP, "--finetune-from-model",
-                                        converted], {"uptraining_updates": updates,
-                                                     "attention_transfer_steps": row_flags.transfer_steps}
+    warmup = min(UPTRAINING_WARMUP, updates // 2)
+    return row_flags.flags, converted, ["--max-update", str(updates), "--warmup-updates", str(warmup),
+                                        "--finetune-from-model", converted], {
+        "uptraining_updates": updates, "attention_transfer_steps": row_flags.transfer_steps}
 
 
 def run_multi30k_row(out, row, max_update):
