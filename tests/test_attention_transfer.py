@@ -76,3 +76,10 @@ def test_a_model_without_replaced_attention_is_refused():
     teacher, _ = build_lm_model("--fwp-feature-map", "softmax")
     with pytest.raises(ValueError, match="no fast-weight attention in place of a softmax one"):
         AttentionTransfer(teacher, teacher, 1)
+
+
+def test_a_student_that_carries_its_state_is_refused():
+    teacher, student, d = converted_pair(build_lm_model, "--fwp-positions", "on", "--decoder-learned-pos")
+    student.decoder.layers[1].self_attn.enable_carry_over()
+    with pytest.raises(ValueError, match="decoder.layers.1.self_attn carries its state across them"):
+        AttentionTransfer(teacher, student, d.pad())

@@ -177,3 +177,15 @@ def test_every_small_real_data_row_parses_and_uptrained_rows_name_a_trained_row(
                 assert flags.source in table and not isinstance(table[flags.source], recipe.Uptrained)
                 flags = flags.flags
             parse_args(row_task, arch, *model, *flags)  # exits on a bad flag
+
+
+def test_training_words_per_second_weights_each_epoch_by_its_time():
+    from fairseq_fwp.recipes.small_real_data import train_words_per_second
+
+    log = "\n".join([
+        "x | INFO | train | epoch 001 | loss 9 | wps 1000 | ups 1 | wpb 1000 | num_updates 100 | train_wall 100 | wall 101",
+        "x | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8 | wps 5000",
+        "x | INFO | train | epoch 002 | loss 8 | wps 1200 | ups 1 | wpb 1000 | num_updates 200 | train_wall 100 | wall 202",
+        "x | INFO | train | epoch 003 | loss 8 | wps 60 | ups 1 | wpb 1000 | num_updates 202 | train_wall 0 | wall 203"])
+    assert train_words_per_second(log) == 1100  # the 2-update epoch of 0 s does not pull it down
+    assert train_words_per_second("no summary line") is None

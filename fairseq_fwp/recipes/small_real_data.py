@@ -131,9 +131,13 @@ WIKITEXT2_TRAINING = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr
 
 
 def train_words_per_second(log):
-    """fairseq's end-of-epoch wps, averaged over the epochs (the first is slower)."""
-    values = [float(v) for v in re.findall(r"\| train \| .*?\| wps ([0-9.]+)", log)]
-    return sum(values) / len(values) if values else None
+    """Words per second over the whole training: fairseq's end-of-epoch wps weighted by each epoch's
+    train_wall (a plain mean would count a final epoch of a few updates, and its low wps, as much as
+    a full one)."""
+    epochs = [(float(wps), float(wall)) for wps, wall in
+              re.findall(r"\| train \| .*?\| wps ([0-9.]+) \|.*?\| train_wall ([0-9.]+)", log)]
+    seconds = sum(wall for _, wall in epochs)
+    return sum(wps * wall for wps, wall in epochs) / seconds if seconds else None
 
 
 def shared_corpus(data_dir, name):
