@@ -189,3 +189,14 @@ def test_training_words_per_second_weights_each_epoch_by_its_time():
         "x | INFO | train | epoch 003 | loss 8 | wps 60 | ups 1 | wpb 1000 | num_updates 202 | train_wall 0 | wall 203"])
     assert train_words_per_second(log) == 1100  # the 2-update epoch of 0 s does not pull it down
     assert train_words_per_second("no summary line") is None
+
+
+def test_results_of_runs_side_by_side_are_all_kept(tmp_path):
+    from fairseq_fwp.recipes.small_real_data import save_result
+
+    path = str(tmp_path / "results.json")
+    save_result(path, "softmax", {"bleu": 28.9})
+    save_result(path, "linear", {"bleu": 26.4})  # another run, which read the file before softmax was written
+    save_result(path, "softmax", {"bleu": 29.0})  # a row evaluated again
+    assert json.load(open(path)) == {"softmax": {"bleu": 29.0}, "linear": {"bleu": 26.4}}
+    assert not os.path.exists(path + ".tmp")

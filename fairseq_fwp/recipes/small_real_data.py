@@ -254,6 +254,16 @@ def evaluate_wikitext2_row(out, row):
     return result
 
 
+def save_result(path, row, result):
+    """Write one row into the results file, keeping the rows other runs of the recipe wrote to it since
+    this one read it (rows of one corpus may train side by side), and never leaving a half-written file."""
+    results = json.load(open(path)) if os.path.exists(path) else {}
+    results[row] = result
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
 CORPORA = {  # prepare, train and evaluate a row, evaluate a trained row, rows, default updates
     "multi30k": (prepare_multi30k, run_multi30k_row, evaluate_multi30k_row, MULTI30K_ROWS, 1200),
     "wikitext2": (prepare_wikitext2, run_wikitext2_row, evaluate_wikitext2_row, WIKITEXT2_ROWS, 1500),
@@ -286,9 +296,10 @@ def main(argv=None):
         else:
             results[row] = run_row(args.out, row, args.max_update or default_updates)
             results[row]["max_update"] = args.max_update or default_updates
-        with open(results_path, "w") as f:
-            json.dump(results, f, indent=1)
+        save_result(results_path, row, results[row])
         print(f"{row}: {json.dumps(results[row])}", flush=True)
+    if os.path.exists(results_path):
+        results = json.load(open(results_path))  # with the rows of any run beside this one
     for row, result in results.items():
         print(f"| {row} | " + " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                          for k, v in result.items() if k != "signature") + " |")
