@@ -75,7 +75,7 @@ MULTI30K_MODEL = [
 MULTI30K_TRAINING = [
     "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "0.001", "--lr-scheduler", "inverse_sqrt",
     "--warmup-updates", "500", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--max-tokens", "4096", "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "50", "--seed", "1",
+    "--max-tokens", "4096", "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "50",
 ]
 
 SUM = ["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"]
@@ -127,7 +127,7 @@ WIKITEXT2_MODEL = ["--decoder-layers", "4", "--decoder-embed-dim", "128", "--dec
                    "--decoder-attention-heads", "4", "--share-decoder-input-output-embed", "--dropout", "0.2"]
 WIKITEXT2_TRAINING = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "0.001",
                       "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "500", "--no-epoch-checkpoints",
-                      "--log-format", "simple", "--log-interval", "50", "--seed", "1"]
+                      "--log-format", "simple", "--log-interval", "50"]
 
 
 def train_words_per_second(log):
@@ -175,9 +175,9 @@ def uptraining(out, row_flags, save, train_argv, max_update):
         "uptraining_updates": updates, "attention_transfer_steps": row_flags.transfer_steps}
 
 
-def run_multi30k_row(out, row, max_update):
+def run_multi30k_row(out, row, max_update, seed):
     save, data_bin = os.path.join(out, "checkpoints", row), os.path.join(out, "bin")
-    hyper = MULTI30K_MODEL + MULTI30K_TRAINING
+    hyper = MULTI30K_MODEL + MULTI30K_TRAINING + ["--seed", str(seed)]
     flags, converted, budget, result = uptraining(out, MULTI30K_ROWS[row], save, [
         data_bin, "--user-dir", PLUGIN_DIR, "--arch", "fwp_transformer_tiny", *hyper], max_update)
     if converted:  # the quality right after conversion (and attention transfer), before any update
@@ -220,10 +220,10 @@ def prepare_wikitext2(data_dir, out):
     language_model.prepare(*(os.path.join(raw, f"{s}.txt") for s in ("train", "valid", "test")), out, workers=2)
 
 
-def run_wikitext2_row(out, row, max_update):
+def run_wikitext2_row(out, row, max_update, seed):
     task, flags = WIKITEXT2_ROWS[row]
     save, data_bin = os.path.join(out, "checkpoints", row), os.path.join(out, "bin")
-    hyper = WIKITEXT2_MODEL + WIKITEXT2_TRAINING
+    hyper = WIKITEXT2_MODEL + WIKITEXT2_TRAINING + ["--seed", str(seed)]
     streams, length = stream_shape(row)
     task_flags = language_model.task_flags(task, length, streams)
     flags, converted, budget, result = uptraining(out, flags, save, [
@@ -277,6 +277,8 @@ def main(argv=None):
     parser.add_argument("--data-dir", default=DEFAULT_DATA, help="the folder with multi30k/ and wikitext-2/")
     parser.add_argument("--rows", nargs="+", help="a subset of the corpus's rows (default: all)")
     parser.add_argument("--max-update", type=int, help="training updates per row")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="fairseq's --seed (default 1, the recorded rows'); another seed wants another --out")
     parser.add_argument("--evaluate-only", action="store_true",
                         help="evaluate the rows already trained again (e.g. decoding speed after a code change)")
     args = parser.parse_args(argv)
@@ -294,8 +296,8 @@ def main(argv=None):
         elif row in results or args.evaluate_only:
             continue
         else:
-            results[row] = run_row(args.out, row, args.max_update or default_updates)
-            results[row]["max_update"] = args.max_update or default_updates
+            results[row] = run_row(args.out, row, args.max_update or default_updates, args.seed)
+            results[row].update(max_update=args.max_update or default_updates, seed=args.seed)
         save_result(results_path, row, results[row])
         print(f"{row}: {json.dumps(results[row])}", flush=True)
     if os.path.exists(results_path):
