@@ -28,6 +28,7 @@ import collections
 import json
 import os
 import re
+import time
 
 from .. import uptrain
 from . import language_model, text, translation
@@ -167,12 +168,14 @@ def uptraining(out, row_flags, save, train_argv, max_update):
         raise FileNotFoundError(f"{source} is missing: run the row {row_flags.source!r} first")
     os.makedirs(save, exist_ok=True)
     converted = os.path.join(save, "converted.pt")
+    start = time.time()
     uptrain.convert(source, converted, train_argv + row_flags.flags, row_flags.transfer_steps)
     updates = max_update // 4 - row_flags.transfer_steps
     warmup = min(UPTRAINING_WARMUP, updates // 2)
     return row_flags.flags, converted, ["--max-update", str(updates), "--warmup-updates", str(warmup),
                                         "--finetune-from-model", converted], {
-        "uptraining_updates": updates, "attention_transfer_steps": row_flags.transfer_steps}
+        "uptraining_updates": updates, "attention_transfer_steps": row_flags.transfer_steps,
+        "conversion_seconds": round(time.time() - start, 1)}
 
 
 def run_multi30k_row(out, row, max_update, seed):
