@@ -89,6 +89,12 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=3
     return fresh
 
 
+def final_learning_rate(checkpoint_path):
+    """The learning rate a checkpoint's training had reached (its optimizer's), or None without one."""
+    state = torch.load(checkpoint_path, map_location="cpu", weights_only=False).get("last_optimizer_state")
+    return state["param_groups"][0]["lr"] if state else None
+
+
 def transfer_attention(softmax_checkpoint, model, task, cfg, steps, lr):
     """Attention transfer on the training batches fairseq-train would read (attention_transfer.py)."""
     from fairseq import checkpoint_utils, utils
@@ -138,7 +144,8 @@ def main(argv=None):
         parser.error(f"--attention-transfer-steps must be >= 0, got {args.attention_transfer_steps}")
     fresh = convert(args.softmax_checkpoint, args.out, argv[split + 1:], args.attention_transfer_steps,
                     args.attention_transfer_lr)
-    logger.info(f"wrote {args.out}; initialised afresh: {', '.join(fresh) if fresh else 'nothing'}")
+    logger.info(f"wrote {args.out}; initialised afresh: {', '.join(fresh) if fresh else 'nothing'}; the softmax "
+                f"training had reached --lr {final_learning_rate(args.softmax_checkpoint)}")
 
 
 if __name__ == "__main__":

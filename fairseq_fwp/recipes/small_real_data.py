@@ -40,7 +40,8 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
 # A row finetuned from another row's best checkpoint (fairseq_fwp/uptrain.py) for a quarter of the
 # budget, warming up over its first 100 updates (half of them, if fewer than 200): issue 20's
 # uptraining. Steps of attention transfer before it (attention_transfer.py) count against that quarter.
-Uptrained = collections.namedtuple("Uptrained", "source flags transfer_steps", defaults=(0,))
+# With source_lr, the peak learning rate is the one the source's training had reached, not --lr.
+Uptrained = collections.namedtuple("Uptrained", "source flags transfer_steps source_lr", defaults=(0, False))
 UPTRAINING_WARMUP = 100
 
 PERFORMER = ["--fwp-feature-map", "performer", "--fwp-performer-features"]
@@ -64,9 +65,11 @@ MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attenti
     # uptrained from the softmax row (issue 20)
     "dpfp-256-uptrained": Uptrained("softmax", DPFP + ["2"]),
     "dpfp-256-delta-uptrained": Uptrained("softmax", DPFP + ["2", "--fwp-update-rule", "delta"]),
-    # ... with 100 or 200 steps of attention transfer first, then 200 or 100 updates
-    **{f"dpfp-256{rule}-transfer{steps}-uptrained": Uptrained("softmax", DPFP + ["2"] + flags, transfer_steps=steps)
-       for rule, flags in (("", []), ("-delta", ["--fwp-update-rule", "delta"])) for steps in (100, 200)},
+    # ... with 100 or 200 steps of attention transfer first, then 200 or 100 updates; peaking at --lr
+    # or at the learning rate the softmax row ended with (source-lr)
+    **{f"dpfp-256{rule}-transfer{steps}{lr}-uptrained": Uptrained("softmax", DPFP + ["2"] + flags, steps, lr != "")
+       for rule, flags in (("", []), ("-delta", ["--fwp-update-rule", "delta"])) for steps in (100, 200)
+       for lr in ("", "-source-lr")},
 }
 MULTI30K_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
@@ -172,10 +175,13 @@ def uptraining(out, row_flags, save, train_argv, max_update):
     uptrain.convert(source, converted, train_argv + row_flags.flags, row_flags.transfer_steps)
     updates = max_update // 4 - row_flags.transfer_steps
     warmup = min(UPTRAINING_WARMUP, updates // 2)
-    return row_flags.flags, converted, ["--max-update", str(updates), "--warmup-updates", str(warmup),
-                                        "--finetune-from-model", converted], {
-        "uptraining_updates": updates, "attention_transfer_steps": row_flags.transfer_steps,
-        "conversion_seconds": round(time.time() - start, 1)}
+    budget = ["--max-update", str(updates), "--warmup-updates", str(warmup), "--finetune-from-model", converted]
+    record = {"uptraining_updates": updates, "attention_transfer_steps": row_flags.transfer_steps,
+              "conversion_seconds": round(time.time() - start, 1)}
+    if row_flags.source_lr:
+        record["uptraining_lr"] = uptrain.final_learning_rate(source)
+        budget += ["--lr", repr(record["uptraining_lr"])]
+    return row_flags.flags, converted, budget, record
 
 
 def run_multi30k_row(out, row, max_update, seed):
