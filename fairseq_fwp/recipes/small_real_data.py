@@ -44,6 +44,14 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
 Uptrained = collections.namedtuple("Uptrained", "source flags transfer_steps source_lr", defaults=(0, False))
 UPTRAINING_WARMUP = 100
 
+
+def transfer_rows(name, flags):
+    """Rows uptrained from the softmax row with 100 or 200 steps of attention transfer (then 200 or 100
+    updates), peaking at --lr or, with -source-lr, at the learning rate the softmax row ended with."""
+    return {f"{name}-transfer{steps}{suffix}-uptrained": Uptrained("softmax", flags, steps, source_lr)
+            for steps in (100, 200) for suffix, source_lr in (("", False), ("-source-lr", True))}
+
+
 PERFORMER = ["--fwp-feature-map", "performer", "--fwp-performer-features"]
 DPFP = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu"]
 MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attention normalisation
@@ -65,11 +73,9 @@ MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attenti
     # uptrained from the softmax row (issue 20)
     "dpfp-256-uptrained": Uptrained("softmax", DPFP + ["2"]),
     "dpfp-256-delta-uptrained": Uptrained("softmax", DPFP + ["2", "--fwp-update-rule", "delta"]),
-    # ... with 100 or 200 steps of attention transfer first, then 200 or 100 updates; peaking at --lr
-    # or at the learning rate the softmax row ended with (source-lr)
-    **{f"dpfp-256{rule}-transfer{steps}{lr}-uptrained": Uptrained("softmax", DPFP + ["2"] + flags, steps, lr != "")
-       for rule, flags in (("", []), ("-delta", ["--fwp-update-rule", "delta"])) for steps in (100, 200)
-       for lr in ("", "-source-lr")},
+    # ... with attention transfer first (dpfp-256[-delta]-transfer{100,200}[-source-lr]-uptrained)
+    **transfer_rows("dpfp-256", DPFP + ["2"]),
+    **transfer_rows("dpfp-256-delta", DPFP + ["2", "--fwp-update-rule", "delta"]),
 }
 MULTI30K_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
