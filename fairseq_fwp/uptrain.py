@@ -30,6 +30,8 @@ import sys
 
 import torch
 
+from .attention_transfer import DEFAULT_LR
+
 logger = logging.getLogger("fairseq_fwp.uptrain")
 # State-dict entries that are not parameters: fairseq's version stamps and the
 # sinusoidal positions' placeholder; a fast-weight model may do without them.
@@ -61,7 +63,7 @@ def transfer(source, target):
     return state, [name for name in target if name not in source]
 
 
-def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=3e-3):
+def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=DEFAULT_LR):
     """Build the model fairseq-train would build from train_argv, fill it from the softmax checkpoint,
     train its attentions on the softmax ones for `transfer_steps` steps (attention_transfer.py), and save
     a complete checkpoint of it at `out`. Returns the names that kept their initialisation."""
@@ -116,13 +118,8 @@ def transfer_attention(softmax_checkpoint, model, task, cfg, steps, lr):
                 seed=cfg.common.seed, epoch=epoch, num_workers=0).next_epoch_itr(shuffle=True)
 
     moved = (utils.move_to_cuda(sample) if device == "cuda" else sample for sample in batches())
-    first, last = AttentionTransfer(teacher, model, task.target_dictionary.pad(), lr).run(moved, steps)
-    logger.info(f"attention transfer: relative error {_mean(first):.3f} before, {_mean(last):.3f} at the end")
+    AttentionTransfer(teacher, model, task.target_dictionary.pad(), lr).run(moved, steps)
     model.cpu()
-
-
-def _mean(errors):
-    return sum(errors.values()) / len(errors)
 
 
 def main(argv=None):
@@ -136,8 +133,8 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--attention-transfer-steps", type=int, default=0, metavar="N",
                         help="train the converted attentions on the softmax ones for N steps first (default 0: none)")
-    parser.add_argument("--attention-transfer-lr", type=float, default=3e-3, metavar="LR",
-                        help="the attention transfer's Adam learning rate (default 3e-3)")
+    parser.add_argument("--attention-transfer-lr", type=float, default=DEFAULT_LR, metavar="LR",
+                        help=f"the attention transfer's Adam learning rate (default {DEFAULT_LR})")
     args = parser.parse_args(argv[:split])
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.attention_transfer_steps < 0:
