@@ -103,6 +103,8 @@ def transfer_attention(softmax_checkpoint, model, task, cfg, steps, lr):
 
     from .attention_transfer import AttentionTransfer
 
+    if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:
+        raise ValueError("attention transfer reads training batches: give --max-tokens or --batch-size after --")
     (teacher,), _ = checkpoint_utils.load_model_ensemble([softmax_checkpoint], task=task)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     teacher.to(device), model.to(device)

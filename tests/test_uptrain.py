@@ -72,6 +72,10 @@ def test_attention_transfer_before_saving_trains_the_attentions_only(softmax_tra
     moved = {name for name in softmax if name in ours and not torch.equal(softmax[name], ours[name])}
     assert {"encoder.layers.0.self_attn.q_proj.weight", "decoder.layers.1.encoder_attn.k_proj.weight"} <= moved
     assert all("_attn." in name for name in moved)  # embeddings, feed-forward layers and norms are the softmax's
+    unbatched = [a for a in MT_MODEL if a not in ("--max-tokens", "2000")]
+    with pytest.raises(ValueError, match="give --max-tokens or --batch-size"):
+        convert(str(root / "softmax" / "checkpoint_last.pt"), str(tmp_path / "x.pt"),
+                [str(root / "bin"), "--user-dir", PLUGIN_DIR, *COMMON_TRAIN, *unbatched], transfer_steps=3)
     with pytest.raises(SystemExit):  # a negative step count is refused at parse time
         main(["--softmax-checkpoint", "x.pt", "--out", "y.pt", "--attention-transfer-steps", "-1", "--", "data"])
 
