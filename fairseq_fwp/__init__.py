@@ -10,7 +10,7 @@ except ImportError:  # ops-only use: nothing to register
     fairseq = None
 
 if fairseq is not None:
-    from . import compat, models, tasks  # noqa: F401
+    from . import compat, criterions, models, tasks  # noqa: F401
     from .dual_form import task as dual_form_task  # noqa: F401  (registers --task dual_form_language_modeling)
 
     compat.apply()

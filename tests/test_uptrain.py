@@ -98,3 +98,95 @@ def test_a_converted_language_model_and_shapes_that_differ(tmp_path):
     with pytest.raises(ValueError, match="parameter decoder.layers.0.fc1.weight"):
         convert(source, str(tmp_path / "x.pt"), base + ["--fwp-positions", "on", "--decoder-learned-pos",
                                                         "--decoder-ffn-embed-dim", "64"])
+
+
+def distillation_setup(root, *flags):
+    """The task, criterion and a converted DPFP-delta student of the fixture's data, and one training batch."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    teacher = str(root / "softmax" / "checkpoint_last.pt")
+    argv = [str(root / "bin"), *map(str, COMMON_TRAIN + MT_MODEL + DPFP_DELTA), "--criterion", "fwp_distillation",
+            "--teacher-checkpoint", teacher, *flags]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    task = tasks.setup_task(cfg.task)
+    student = task.build_model(cfg.model)
+    student.load_state_dict(transfer(torch.load(teacher, weights_only=False)["model"], student.state_dict())[0])
+    task.load_dataset("valid")
+    batches = task.get_batch_iterator(task.dataset("valid"), max_tokens=500, seed=1).next_epoch_itr(shuffle=False)
+    return task, task.build_criterion(cfg.criterion), student, next(batches)
+
+
+def test_distillation_adds_the_teachers_divergence_and_validates_on_the_plain_loss(softmax_translation):
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    task, criterion, student, sample = distillation_setup(softmax_translation, "--distillation-weight", "0.25")
+    plain = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    student.train()
+    torch.manual_seed(0)
+    loss, _, log = criterion(student, sample)
+    torch.manual_seed(0)  # the same dropout (none here) and FAVOR+ draws (none for DPFP)
+    smoothed, _, plain_log = plain(student, sample)
+    # the divergence, written out: sum over target tokens of sum_v p_t(v) (log p_t(v) - log p_s(v))
+    teacher = criterion._teacher[0]
+    with torch.no_grad():
+        log_t = teacher.get_normalized_probs(teacher(**sample["net_input"]), log_probs=True)
+        log_s = student.get_normalized_probs(student(**sample["net_input"]), log_probs=True)
+    keep = sample["target"].ne(task.target_dictionary.pad())
+    divergence = (log_t.exp() * (log_t - log_s)).sum(-1)[keep].sum()
+    assert divergence > 0.1
+    torch.testing.assert_close(log["distillation_loss"], divergence)
+    torch.testing.assert_close(loss, 0.75 * smoothed + 0.25 * divergence)
+    assert log["nll_loss"] == plain_log["nll_loss"]
+    loss.backward()  # the student learns, the teacher is left as it was and is no part of the criterion
+    assert student.decoder.layers[0].self_attn.beta_proj.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in teacher.parameters())
+    assert not list(criterion.parameters()) and not criterion.state_dict()
+    student.eval()
+    torch.testing.assert_close(criterion(student, sample)[0], plain(student, sample)[0])
+
+
+def test_a_student_equal_to_its_teacher_diverges_by_nothing(softmax_translation):
+    task, criterion, _, sample = distillation_setup(softmax_translation, "--fwp-feature-map", "softmax",
+                                                    "--fwp-update-rule", "sum", "--distillation-weight", "1")
+    twin = criterion._teacher[0].__class__.build_model(criterion._teacher[0].args, task)
+    twin.load_state_dict(criterion._teacher[0].state_dict())
+    _, _, log = criterion(twin.train(), sample)
+    assert abs(log["distillation_loss"].item()) < 1e-4
+
+
+def test_distillation_finetunes_a_converted_model_with_fairseq_train(softmax_translation, tmp_path):
+    root = softmax_translation
+    teacher = root / "softmax" / "checkpoint_last.pt"
+    converted = tmp_path / "converted.pt"
+    convert(str(teacher), str(converted), [str(root / "bin"), *map(str, COMMON_TRAIN + MT_MODEL + DPFP_DELTA)])
+    log = fairseq("train", root / "bin", *COMMON_TRAIN, *MT_MODEL, *DPFP_DELTA, "--max-update", 3,
+                  "--criterion", "fwp_distillation", "--teacher-checkpoint", teacher, "--distillation-weight", 0.5,
+                  "--finetune-from-model", converted, "--save-dir", tmp_path / "distilled")
+    assert len(re.findall(r"distillation_loss=[0-9.]+", log)) == 3
+    assert re.search(r"\| valid \| .*\| loss [0-9.]+", log) and not re.search(r"\| valid \|.*distillation", log)
+    assert (tmp_path / "distilled" / "checkpoint_best.pt").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--distillation-weight", "1.5"], "argument --distillation-weight: expected a number in [0, 1], got 1.5"),
+    (["--distillation-weight", "half"], "argument --distillation-weight: expected a number in [0, 1], got 'half'"),
+])
+def test_bad_distillation_weights_fail_at_parse_time(capsys, flags, message):
+    from fairseq_models import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args("translation", "fwp_transformer_tiny", "--criterion", "fwp_distillation", *flags)
+    assert message in capsys.readouterr().err
+
+
+def test_distillation_without_a_teacher_is_refused(softmax_translation):
+    from fairseq import tasks
+    from fairseq_models import parse_args
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    cfg = convert_namespace_to_omegaconf(parse_args("translation", "fwp_transformer_tiny", "--criterion",
+                                                    "fwp_distillation"))
+    cfg.task.data = str(softmax_translation / "bin")
+    with pytest.raises(ValueError, match="--criterion fwp_distillation needs --teacher-checkpoint"):
+        tasks.setup_task(cfg.task).build_criterion(cfg.criterion)

@@ -40,16 +40,29 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
 # A row finetuned from another row's best checkpoint (fairseq_fwp/uptrain.py) for a quarter of the
 # budget, warming up over its first 100 updates (half of them, if fewer than 200): issue 20's
 # uptraining. Steps of attention transfer before it (attention_transfer.py) count against that quarter.
-# With source_lr, the peak learning rate is the one the source's training had reached, not --lr.
-Uptrained = collections.namedtuple("Uptrained", "source flags transfer_steps source_lr", defaults=(0, False))
+# With source_lr, the peak learning rate is the one the source's training had reached, not --lr. With a
+# distillation weight w > 0 the source row is also the teacher of the finetuning (criterions/distillation.py).
+Uptrained = collections.namedtuple("Uptrained", "source flags transfer_steps source_lr distillation",
+                                   defaults=(0, False, 0.0))
 UPTRAINING_WARMUP = 100
 
 
-def transfer_rows(name, flags):
-    """Rows uptrained from the softmax row with 100 or 200 steps of attention transfer (then 200 or 100
-    updates), peaking at --lr or, with -source-lr, at the learning rate the softmax row ended with."""
-    return {f"{name}-transfer{steps}{suffix}-uptrained": Uptrained("softmax", flags, steps, source_lr)
-            for steps in (100, 200) for suffix, source_lr in (("", False), ("-source-lr", True))}
+DISTILLATION_WEIGHT = 0.5  # half cross-entropy, half the divergence from the softmax row (the teacher)
+
+
+def uptrained_rows(name, flags):
+    """Rows uptrained from the softmax row: NAME-uptrained as it is; -distilled with the softmax row as the
+    finetuning's teacher; -transfer100 and -transfer200 with 100 or 200 steps of attention transfer (then
+    200 or 100 updates), peaking at --lr or, with -source-lr, at the learning rate the softmax row ended
+    with; -transfer100-distilled with both."""
+    rows = {f"{name}-uptrained": Uptrained("softmax", flags),
+            f"{name}-distilled-uptrained": Uptrained("softmax", flags, distillation=DISTILLATION_WEIGHT),
+            f"{name}-transfer100-distilled-uptrained": Uptrained("softmax", flags, 100,
+                                                                 distillation=DISTILLATION_WEIGHT)}
+    for steps in (100, 200):
+        for suffix, source_lr in (("", False), ("-source-lr", True)):
+            rows[f"{name}-transfer{steps}{suffix}-uptrained"] = Uptrained("softmax", flags, steps, source_lr)
+    return rows
 
 
 PERFORMER = ["--fwp-feature-map", "performer", "--fwp-performer-features"]
@@ -70,12 +83,9 @@ MULTI30K_ROWS = {  # Table 1's feature maps at d_key = 64, sum rule with attenti
     # beyond the paper (issue 18): a gated delta-rule decoder; a hybrid with softmax in layer 1 of both stacks
     "dpfp-256-gated-delta": DPFP + ["2", "--fwp-update-rule", "gated-delta"],
     "dpfp-256-hybrid": DPFP + ["2", "--fwp-softmax-layers", "1"],
-    # uptrained from the softmax row (issue 20)
-    "dpfp-256-uptrained": Uptrained("softmax", DPFP + ["2"]),
-    "dpfp-256-delta-uptrained": Uptrained("softmax", DPFP + ["2", "--fwp-update-rule", "delta"]),
-    # ... with attention transfer first (dpfp-256[-delta]-transfer{100,200}[-source-lr]-uptrained)
-    **transfer_rows("dpfp-256", DPFP + ["2"]),
-    **transfer_rows("dpfp-256-delta", DPFP + ["2", "--fwp-update-rule", "delta"]),
+    # uptrained from the softmax row (issue 20): dpfp-256[-delta][-transfer{100,200}][-source-lr][-distilled]-uptrained
+    **uptrained_rows("dpfp-256", DPFP + ["2"]),
+    **uptrained_rows("dpfp-256-delta", DPFP + ["2", "--fwp-update-rule", "delta"]),
 }
 MULTI30K_MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
@@ -114,9 +124,7 @@ WIKITEXT2_ROWS = {  # Table 2/5 rows, and the Table 4 carry-over Delta Net; (tas
                                              "--fwp-qk-norm", "l2", "--fwp-short-conv", "4",
                                              "--fwp-output-gate", "on"]),
     # uptrained from the softmax row, keeping its positions (issue 20)
-    "linear-delta-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"])),
-    "linear-delta-transfer100-uptrained": ("language_modeling", Uptrained("softmax", ["--fwp-positions", "on"],
-                                                                        transfer_steps=100)),
+    **{row: ("language_modeling", spec) for row, spec in uptrained_rows("linear-delta", ["--fwp-positions", "on"]).items()},
 }
 WIKITEXT2_LENGTH = 64
 # Rows with other (streams, tokens per segment) than 16 x 64 (the same tokens per update): 4 streams of
@@ -187,6 +195,10 @@ def uptraining(out, row_flags, save, train_argv, max_update):
     if row_flags.source_lr:
         record["uptraining_lr"] = uptrain.final_learning_rate(source)
         budget += ["--lr", repr(record["uptraining_lr"])]
+    if row_flags.distillation:
+        record["distillation_weight"] = row_flags.distillation
+        budget += ["--criterion", "fwp_distillation", "--teacher-checkpoint", source,
+                   "--distillation-weight", str(row_flags.distillation)]
     return row_flags.flags, converted, budget, record
 
 

@@ -1,0 +1,2 @@
+"""Registers the plugin's fairseq criterions (decorators run on import)."""
+from . import distillation  # noqa: F401
