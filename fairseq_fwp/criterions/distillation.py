@@ -25,6 +25,7 @@ from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
+    label_smoothed_nll_loss,
 )
 from fairseq.logging import metrics
 
@@ -87,8 +88,9 @@ class DistillationCriterion(LabelSmoothedCrossEntropyCriterion):
         if not model.training or self.weight == 0:  # validation: the plain loss (see the module's docstring)
             return super().forward(model, sample, reduce)
         net_output = model(**sample["net_input"])
-        smoothed, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         student_lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
+        smoothed, nll_loss = label_smoothed_nll_loss(student_lprobs, target, self.eps, ignore_index=self.padding_idx,
+                                                     reduce=reduce)
         divergence = teacher_divergence(self.teacher_lprobs(sample, model), student_lprobs,
                                         target.ne(self.padding_idx))
         loss = (1 - self.weight) * smoothed + self.weight * divergence
