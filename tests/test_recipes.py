@@ -199,4 +199,4 @@ def test_results_of_runs_side_by_side_are_all_kept(tmp_path):
     save_result(path, "linear", {"bleu": 26.4})  # another run, which read the file before softmax was written
     save_result(path, "softmax", {"bleu": 29.0})  # a row evaluated again
     assert json.load(open(path)) == {"softmax": {"bleu": 29.0}, "linear": {"bleu": 26.4}}
-    assert not os.path.exists(path + ".tmp")
+    assert os.listdir(tmp_path) == ["results.json"]  # no temporary file left behind

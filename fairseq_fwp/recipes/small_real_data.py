@@ -286,9 +286,10 @@ def save_result(path, row, result):
     this one read it (rows of one corpus may train side by side), and never leaving a half-written file."""
     results = json.load(open(path)) if os.path.exists(path) else {}
     results[row] = result
-    with open(f"{path}.tmp", "w") as f:
+    temporary = f"{path}.{os.getpid()}.tmp"  # one per process, so two writers never share it
+    with open(temporary, "w") as f:
         json.dump(results, f, indent=1)
-    os.replace(f"{path}.tmp", path)
+    os.replace(temporary, path)
 
 
 CORPORA = {  # prepare, train and evaluate a row, evaluate a trained row, rows, default updates
