@@ -19,14 +19,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def time_ops(T, repeats=10):
-    """{rule: median ms of one forward + backward} for the package on sys.path; runs in the child process."""
+def time_ops(checkout, T, repeats=10):
+    """{rule: median ms of one forward + backward} of the ops in `checkout`; runs in the child process.
+
+    The timing loop lives here rather than in either checkout's fairseq_fwp.ops.benchmark, so that both
+    checkouts are timed by the same code."""
+    sys.path.insert(0, checkout)
     import torch
     import fairseq_fwp
     from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
 
-    if os.path.dirname(fairseq_fwp.__file__) != os.path.join(sys.path[1], "fairseq_fwp"):
-        raise RuntimeError(f"timed {fairseq_fwp.__file__}, not the checkout {sys.path[1]}")
+    if os.path.dirname(fairseq_fwp.__file__) != os.path.join(checkout, "fairseq_fwp"):
+        raise RuntimeError(f"timed {fairseq_fwp.__file__}, not the checkout {checkout}")
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -48,8 +52,8 @@ def time_ops(T, repeats=10):
 
 
 def time_checkout(checkout, T):
-    child = (f"import sys; sys.path.insert(0, {checkout!r}); sys.path.insert(0, {os.path.dirname(__file__)!r}); "
-             f"import json, ops_against_checkout as m; print(json.dumps(m.time_ops({T})))")
+    child = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+             f"import json, ops_against_checkout as m; print(json.dumps(m.time_ops({checkout!r}, {T})))")
     output = subprocess.run([sys.executable, "-c", child], check=True, capture_output=True, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
     return json.loads(output.strip().splitlines()[-1])
