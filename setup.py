@@ -24,7 +24,9 @@ def extension_modules():
         if switch == "1":
             raise SystemExit("FAIRSEQ_FWP_BUILD_EXT=1 needs torch installed first (pip install torch)")
         return [], {}
-    with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    # CUDA kernels need a target: the GPUs in sight, or TORCH_CUDA_ARCH_LIST on a build machine without one.
+    with_cuda = (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+                 and (torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))))
     if switch == "auto" and not with_cuda:
         return [], {}
     sources = ["csrc/fast_weight.cpp"]

@@ -13,7 +13,9 @@
 3. fairseq 0.12 turns --bf16 into --tpu (bf16 was TPU-only then), which
    crashes wherever torch_xla is missing. Without torch_xla, --bf16 stays
    on the CPU or GPU: the command-line tools convert their parsed arguments
-   with the TPU switch off again.
+   with the TPU switch off again, whether they were launched as console
+   scripts (``fairseq-train``) or as modules (``python -m fairseq_cli.train``,
+   which runs as ``__main__``).
 """
 import functools
 import importlib.util
@@ -74,11 +76,21 @@ CLI_MODULES = ("fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.eval_lm
                "fairseq_cli.interactive")
 
 
+def _cli_modules():
+    """The fairseq command-line modules loaded in this process: imported by their console scripts, or
+    run as __main__ by `python -m`. The plugin loads while the tool parses its arguments."""
+    main = sys.modules.get("__main__")
+    for name in CLI_MODULES:
+        if name in sys.modules:
+            yield sys.modules[name]
+        elif getattr(getattr(main, "__spec__", None), "name", None) == name:
+            yield main
+
+
 def _patch_bf16_without_tpu():
     if importlib.util.find_spec("torch_xla") is not None:
         return  # a TPU machine: fairseq's own behaviour
-    for name in CLI_MODULES:
-        module = sys.modules.get(name)  # the plugin loads while the tool parses its arguments
+    for module in _cli_modules():
         convert = getattr(module, "convert_namespace_to_omegaconf", None)
         if convert is None or getattr(convert, "_fwp_bf16_without_tpu", False):
             continue

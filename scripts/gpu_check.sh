@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# The GPU check (scripts/gpu_check.py), on a machine with a CUDA GPU and no
-# package registry: installs the wheels that scripts/gpu_wheels.sh put in .whl/,
-# builds fairseq's Cython modules from its carried source, then runs every GPU
-# test, half-precision fairseq-train and the GPU benchmark, and writes
-# docs/gpu_check_<date>.md (and a copy into $OUT). About 6-8 minutes on an H100.
-# Through the session's device tool: run(command="bash scripts/gpu_check.sh", carry=[".whl"]).
+# The GPU check (scripts/gpu_check.py says what it runs), on a machine with a CUDA GPU and no
+# package registry, in one device call of at most 10 minutes, install included:
+#   here, once per session:     bash scripts/gpu_wheels.sh
+#   then the device tool:       run(command="bash scripts/gpu_check.sh", carry=[".whl"])
+# Installs the wheels that gpu_wheels.sh put in .whl/ (what the image lacks: fla, hydra, ...) into a
+# folder of its own, builds fairseq's two Cython modules from its carried source (fairseq-train needs
+# no other compiled part of fairseq) and writes fairseq's console scripts, so that fairseq runs both
+# ways users launch it (fairseq-train, and python -m fairseq_cli.train). Then every part runs under
+# its own time limit, inside GPU_CHECK_BUDGET seconds (default 570) from this script's start, and
+# the report (docs/gpu_check_<date>.md, and a copy into $OUT) is rewritten as each part goes.
+# scripts/gpu_rehearsal.sh runs this on a CPU machine with the GPU image's software (a dry run).
 set -euo pipefail
+deadline=$(( $(date +%s) + ${GPU_CHECK_BUDGET:-570} ))
 cd "$(dirname "$0")/.."
 PYTHON=$(realpath -s "$(command -v "${PYTHON:-python3}")")  # absolute: used from other folders below
 ls .whl/*.whl .whl/fairseq_fixed-*.tar.gz > /dev/null || { echo "no wheels in .whl/: run scripts/gpu_wheels.sh first" >&2; exit 2; }
 work=${GPU_CHECK_WORK:-/tmp/fairseq_fwp_gpu_check}
-rm -rf "$work" && mkdir -p "$work/site"
+rm -rf "$work" && mkdir -p "$work/site" "$work/bin"
+echo "[gpu check] installing the carried wheels and building fairseq's Cython modules"
 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" .whl/*.whl
 tar xzf .whl/fairseq_fixed-*.tar.gz -C "$work"
 fairseq_src=$(echo "$work"/fairseq_fixed-*)
-# fairseq-train needs only the two Cython modules of fairseq's data pipeline;
-# its C++ extensions (BLEU without sacrebleu, NAT, BASE layers) are not used here.
 (cd "$fairseq_src" && PYTHONPATH="$work/site" "$PYTHON" - <<'PY'
 import numpy
 from Cython.Build import cythonize
@@ -27,6 +32,13 @@ setup(name="fairseq-cython-modules", script_args=["-q", "build_ext", "--inplace"
       ext_modules=cythonize(modules, language_level=3, quiet=True))
 PY
 )
+# The console scripts pip would write for fairseq (its setup.py's entry points).
+for tool in preprocess train generate eval_lm; do
+  printf '#!%s\nimport sys\nfrom fairseq_cli.%s import cli_main\nsys.exit(cli_main())\n' "$PYTHON" "$tool" \
+      > "$work/bin/fairseq-${tool//_/-}"
+  chmod +x "$work/bin/fairseq-${tool//_/-}"
+done
+export FAIRSEQ_BIN="$work/bin"  # where fairseq_fwp.recipes.commands looks for the console scripts
 export PYTHONPATH="$fairseq_src:$work/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-exec "$PYTHON" scripts/gpu_check.py "$@"
+exec "$PYTHON" scripts/gpu_check.py --deadline "$deadline" "$@"

@@ -1,4 +1,4 @@
-"""Random inputs for the fast-weight op tests."""
+"""Random inputs for the fast-weight op tests, and the outputs and gradients they are compared on."""
 import torch
 import torch.nn.functional as F
 
@@ -14,48 +14,53 @@ def make_inputs(B, H, T, D, Dv, dtype=torch.float64, with_state=True, seed=0):
     return [x.requires_grad_() if x is not None else None for x in (q, k, v, beta, W0)]
 
 
-def run_op(rule, inputs, backend):
-    """backend: a backend name, or a callable (q, k, v, beta, W0) -> (out, W)."""
-    from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
-
-    q, k, v, beta, W0 = inputs
-    if callable(backend):
-        return backend(q, k, v, beta, W0)
-    if rule == "sum":
-        return fast_weight_sum(q, k, v, W0, backend=backend)
-    return fast_weight_delta(q, k, v, beta, W0, backend=backend)
-
-
-def outputs_and_grads(rule, inputs, backend, seed=1):
-    """Output, final state and fresh gradients of a random loss on both (to the inputs that need them)."""
-    out, W = run_op(rule, inputs, backend)
-    g = torch.Generator().manual_seed(seed)
-    w_out = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device)
-    w_state = torch.randn(W.shape, generator=g, dtype=W.dtype).to(W.device)
-    loss = (out * w_out).sum() + (W * w_state).sum()
-    wrt = [x for x in inputs if x is not None and x.requires_grad and (rule == "delta" or x is not inputs[3])]
-    grads = torch.autograd.grad(loss, wrt)
-    return [out.detach(), W.detach()] + list(grads)
-
-
 def make_decay(B, H, T, dtype=torch.float64, low=0.5, seed=3):
     """Decays a_t in (low, 1), with requires_grad."""
     g = torch.Generator().manual_seed(seed)
     return (low + (1 - low) * torch.rand(B, H, T, generator=g, dtype=dtype)).requires_grad_()
 
 
-def gated_outputs_and_grads(rule, inputs, decay, backend, seed=1):
-    """outputs_and_grads for the gated rules: the decay's gradient comes last."""
+def run_op(rule, inputs, backend, **gate):
+    """backend: a backend name, or a callable (q, k, v, beta, W0) -> (out, W); gate: decay= or log_decay=."""
     from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
 
     q, k, v, beta, W0 = inputs
+    if callable(backend):
+        return backend(q, k, v, beta, W0)
     if rule == "sum":
-        out, W = fast_weight_sum(q, k, v, W0, decay=decay, backend=backend)
-    else:
-        out, W = fast_weight_delta(q, k, v, beta, W0, decay=decay, backend=backend)
-    g = torch.Generator().manual_seed(seed)
-    w_out = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device)
-    w_state = torch.randn(W.shape, generator=g, dtype=W.dtype).to(W.device)
-    wrt = [x for x in inputs if x is not None and x.requires_grad and (rule == "delta" or x is not inputs[3])]
-    grads = torch.autograd.grad((out * w_out).sum() + (W * w_state).sum(), wrt + [decay])
-    return [out.detach(), W.detach()] + list(grads)
+        return fast_weight_sum(q, k, v, W0, backend=backend, **gate)
+    return fast_weight_delta(q, k, v, beta, W0, backend=backend, **gate)
+
+
+def loss_weights(tensors, generator):
+    """Random weights for a loss on each tensor, drawn in float32 and then cast: torch's CPU generator
+    draws other sequences for half types, which would give half and float32 runs different losses."""
+    return [torch.randn(x.shape, generator=generator).to(x.device, x.dtype) for x in tensors]
+
+
+def outputs_and_grads(rule, inputs, backend, seed=1, **gate):
+    """{"out", "state", and "d<name>" for every input that needs a gradient}: fresh gradients of a random
+    loss on the output and the final state. gate: decay= or log_decay= (its gradient is "ddecay")."""
+    out, W = run_op(rule, inputs, backend, **gate)
+    loss = sum((x * w).sum() for x, w in zip((out, W), loss_weights((out, W), torch.Generator().manual_seed(seed))))
+    names = ["dq", "dk", "dv", "dbeta", "dstate"]
+    wrt = {name: x for name, x in zip(names, inputs)
+           if x is not None and x.requires_grad and (rule == "delta" or name != "dbeta")}
+    wrt.update({"ddecay": x for x in gate.values() if x is not None and x.requires_grad})
+    grads = torch.autograd.grad(loss, list(wrt.values())) if wrt else []
+    return {"out": out.detach(), "state": W.detach(), **dict(zip(wrt, grads))}
+
+
+def assert_all_close(got, want, rtol, atol):
+    """got and want from outputs_and_grads: the same names, every tensor finite and close."""
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.isfinite(got[name]).all(), name
+        torch.testing.assert_close(got[name].to(want[name].dtype), want[name], rtol=rtol, atol=atol,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+def relative_errors(got, want):
+    """{name: max |got - want| / max |want|} over outputs_and_grads' tensors."""
+    return {name: ((got[name].double() - want[name].double()).abs().max()
+                   / want[name].double().abs().max().clamp_min(1e-12)).item() for name in want}

@@ -1,36 +1,25 @@
-"""backend="fla" (flash-linear-attention) against the step-by-step reference.
+"""backend="fla" (flash-linear-attention): what it refuses, and on a GPU its real kernels against the
+step-by-step reference.
 
-Without a GPU, fla's recurrent kernels run on the CPU through Triton's
-interpreter (conftest.py sets TRITON_INTERPRET=1 before triton is imported):
-float32 and single decoding steps in every dtype. Its chunkwise kernels
-(half types, T > 1) need a GPU; the tests marked GPU run them and skip without
-CUDA. fla is installed in the test environment: these tests must not skip on
-the CPU.
+Every kernel form also runs on CPU tensors through Triton's interpreter, in
+test_fla_interpreted.py. fla is installed in the test environment: these
+tests must not skip on the CPU, but the GPU ones.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from fairseq_fwp.ops import BackendUnavailableError, fast_weight_delta, fast_weight_sum
 from fairseq_fwp.ops import fla
 from fairseq_fwp.ops.fast_weight import resolve_backend
-from op_inputs import make_inputs, outputs_and_grads, run_op
-from test_ops import assert_all_close
+from op_inputs import make_decay, make_inputs, outputs_and_grads, relative_errors
 
-RULES = ["sum", "delta"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# (B, H, T, D, Dv): T = 1 (decoding), T not a multiple of any block size, D != Dv both ways,
-# D not a power of two (fla pads to one), B * H = 1.
-SHAPES = [(2, 3, 1, 8, 8), (1, 2, 37, 6, 5), (2, 1, 19, 16, 24), (1, 1, 70, 32, 7)]
-
-
-@pytest.fixture(autouse=True)
-def first_config_when_interpreting(monkeypatch):
-    """Triton's autotuner times its configurations on a GPU; the interpreter has none to time,
-    and every configuration computes the same, so take the first."""
-    if fla.interpreting():
-        from triton.runtime import autotuner
-
-        monkeypatch.setattr(autotuner.Autotuner, "prune_configs", lambda self, kwargs: self.configs[:1])
+GPU_RULES = ["sum", "delta", "gated-sum", "gated-delta"]
 
 
 def test_the_fla_kernels_are_installed_and_interpreted_here():
@@ -38,76 +27,9 @@ def test_the_fla_kernels_are_installed_and_interpreted_here():
     assert torch.cuda.is_available() or fla.interpreting()
 
 
-def relative_error(got, want):
-    return ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
-
-
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("with_state", [False, True])
-def test_float32_matches_reference(rule, shape, with_state):
-    inputs = make_inputs(*shape, dtype=torch.float32, with_state=with_state)
-    assert fla.kernel_form(torch.float32, shape[2]) == "recurrent"
-    want = outputs_and_grads(rule, inputs, "reference")
-    got = outputs_and_grads(rule, inputs, "fla")
-    assert_all_close(got, want, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("rule", RULES)
-def test_a_carried_state_without_gradient(rule):
-    """Training with carry-over: the state is detached, q, k, v (and beta) need gradients."""
-    q, k, v, beta, W0 = make_inputs(1, 2, 11, 8, 4, dtype=torch.float32)
-    W0 = W0.detach()
-    got = outputs_and_grads(rule, [q, k, v, beta, W0], "fla")
-    want = outputs_and_grads(rule, [q, k, v, beta, W0], "reference")
-    assert_all_close(got, want, rtol=1e-4, atol=1e-4)
-    assert not W0.requires_grad
-
-
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_decoding_step_matches_reference(rule, dtype):
-    """One step (T = 1) in a half type: the recurrent kernel, state carried in float32."""
-    half = [x.detach().to(dtype).requires_grad_() for x in make_inputs(2, 2, 1, 16, 8, dtype=torch.float32)]
-    half[4] = half[4].detach().float().requires_grad_()
-    assert fla.kernel_form(dtype, 1) == "recurrent"
-    got = outputs_and_grads(rule, half, "fla")
-    want = outputs_and_grads(rule, [x.detach().float().requires_grad_() for x in half], "reference")
-    assert got[0].dtype == dtype and got[1].dtype == torch.float32
-    for name, a, b in zip(["out", "state", "dq", "dk", "dv", "dbeta", "dstate"], got, want):
-        assert relative_error(a, b) < 2e-2, name
-
-
 def test_half_types_over_several_steps_take_the_chunk_kernels():
     assert fla.kernel_form(torch.bfloat16, 2) == fla.kernel_form(torch.float16, 512) == "chunk"
     assert fla.kernel_form(torch.float32, 512) == "recurrent"
-
-
-@pytest.mark.parametrize("rule", RULES)
-def test_state_only_ops(rule):
-    from fairseq_fwp.ops import fast_weight_delta_state, fast_weight_sum_state
-
-    q, k, v, beta, W0 = make_inputs(1, 2, 23, 8, 6, dtype=torch.float32)
-    if rule == "sum":
-        got = fast_weight_sum_state(k, v, W0, backend="fla")
-    else:
-        got = fast_weight_delta_state(k, v, beta, W0, backend="fla")
-    _, want = run_op(rule, [q, k, v, beta, W0], "reference")
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    g_got = torch.autograd.grad(got.sum(), W0)[0]
-    torch.testing.assert_close(g_got, torch.autograd.grad(want.sum(), W0)[0], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("rule", RULES)
-def test_mixed_dtypes_are_computed_in_float32(rule):
-    """float32 features beside float16 values and beta (what autocast makes)."""
-    q, k, v, beta, W0 = make_inputs(1, 2, 9, 8, 8, dtype=torch.float32)
-    mixed = [q, k, v.detach().half().requires_grad_(), beta.detach().half().requires_grad_(), W0]
-    out, W = run_op(rule, mixed, "fla")
-    want_out, want_W = run_op(rule, [q, k, mixed[2].float(), mixed[3].float(), W0], "reference")
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(W, want_W, rtol=1e-4, atol=1e-4)
 
 
 def test_auto_never_sends_cpu_tensors_to_fla():
@@ -132,37 +54,51 @@ def test_fla_on_cpu_tensors_needs_the_interpreter(monkeypatch):
         fast_weight_delta(q, q, q, q[..., 0], backend="fla")
 
 
-# -- on a GPU: the chunkwise kernels and auto ---------------------------------------
+# -- on a GPU: fla's real kernels ----------------------------------------------------
 
 
-def on_gpu(inputs, dtype):
-    cast = [None if x is None else x.detach().to("cuda", dtype) for x in inputs]
+def on_gpu(inputs, gate, dtype):
+    """The inputs on CUDA in `dtype` (the state and the decay in float32), needing gradients."""
+    cast = [None if x is None else x.detach().to("cuda", dtype).requires_grad_() for x in inputs]
     if cast[4] is not None:
-        cast[4] = cast[4].float()  # the state is carried in float32
-    return [None if x is None else x.requires_grad_() for x in cast]
+        cast[4] = cast[4].detach().float().requires_grad_()
+    return cast, {name: x.detach().cuda().float().requires_grad_() for name, x in gate.items()}
+
+
+def against_reference(rule, inputs, gate):
+    base = rule.removeprefix("gated-")
+    got = outputs_and_grads(base, inputs, "fla", **gate)
+    wide = [None if x is None else x.detach().double().requires_grad_() for x in inputs]
+    return got, outputs_and_grads(base, wide, "reference",
+                                  **{name: x.detach().double().requires_grad_() for name, x in gate.items()})
+
+
+def gate_for(rule, shape):
+    return {"decay": make_decay(*shape[:3], dtype=torch.float32, low=0.8)} if rule.startswith("gated") else {}
 
 
 @GPU
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", GPU_RULES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(2, 4, 200, 64, 64), (1, 2, 77, 256, 32), (2, 2, 1, 128, 128)])
+@pytest.mark.parametrize("shape", [(2, 4, 200, 64, 48), (1, 2, 77, 256, 32), (2, 2, 1, 128, 128)])
 def test_gpu_half_types_match_reference(rule, dtype, shape):
-    inputs = on_gpu(make_inputs(*shape, dtype=torch.float32), dtype)
-    got = outputs_and_grads(rule, inputs, "fla")
-    want = outputs_and_grads(rule, [None if x is None else x.detach().float().requires_grad_() for x in inputs],
-                             "reference")
-    assert got[0].dtype == dtype
-    for name, a, b in zip(["out", "state", "dq", "dk", "dv", "dbeta", "dstate"], got, want):
-        assert relative_error(a, b) < 3e-2, name
+    inputs, gate = on_gpu(make_inputs(*shape, dtype=torch.float32), gate_for(rule, shape), dtype)
+    got, want = against_reference(rule, inputs, gate)
+    assert got["out"].dtype == dtype
+    errors = relative_errors(got, want)
+    assert max(errors.values()) < 3e-2, errors
 
 
 @GPU
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated-sum"])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_gpu_float32_matches_reference(rule, with_state):
-    inputs = on_gpu(make_inputs(2, 4, 333, 64, 48, dtype=torch.float32, with_state=with_state), torch.float32)
-    assert_all_close(outputs_and_grads(rule, inputs, "fla"), outputs_and_grads(rule, inputs, "reference"),
-                     rtol=1e-4, atol=1e-4)
+    shape = (2, 4, 333, 64, 48)
+    inputs, gate = on_gpu(make_inputs(*shape, dtype=torch.float32, with_state=with_state), gate_for(rule, shape),
+                          torch.float32)
+    got, want = against_reference(rule, inputs, gate)
+    errors = relative_errors(got, want)
+    assert max(errors.values()) < 1e-4, errors
 
 
 @GPU
@@ -173,45 +109,31 @@ def test_gpu_auto_uses_fla_where_it_fits_and_chunked_elsewhere():
     assert resolve_backend("auto", torch.rand(1, 1, 4, 512, device="cuda"), 64) == "chunked"
 
 
-# -- the gated rules (decay) -------------------------------------------------------
+# -- fairseq_fwp.testing.triton_interpreter ---------------------------------------------
+
+TRY_THE_INTERPRETER = """
+import os, sys, torch
+import fla.ops.delta_rule  # the kernels are compiled (or interpreted) as triton decorates them
+os.environ["TRITON_INTERPRET"] = sys.argv[1]
+from fairseq_fwp.testing import TritonInterpreterUnavailable, triton_interpreter
+try:
+    with triton_interpreter():
+        pass
+except TritonInterpreterUnavailable as err:
+    print(err)
+else:
+    print("opened")
+"""
 
 
-def test_gated_sum_float32_matches_reference():
-    from op_inputs import gated_outputs_and_grads, make_decay
-
-    inputs = make_inputs(1, 2, 29, 8, 6, dtype=torch.float32)
-    decay = make_decay(1, 2, 29, dtype=torch.float32)
-    got = gated_outputs_and_grads("sum", inputs, decay, "fla")
-    want = gated_outputs_and_grads("sum", inputs, decay, "reference")
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-
-
-def test_gated_delta_float32_forward_matches_reference_and_training_is_refused():
-    """fla's recurrent gated delta rule has no backward: inference only; auto runs chunked for training."""
-    from op_inputs import make_decay
-
-    q, k, v, beta, W0 = (x.detach() for x in make_inputs(1, 2, 21, 8, 6, dtype=torch.float32))
-    decay = make_decay(1, 2, 21, dtype=torch.float32).detach()
-    with torch.no_grad():
-        out, W = fast_weight_delta(q, k, v, beta, W0, decay=decay, backend="fla")
-    want_out, want_W = fast_weight_delta(q, k, v, beta, W0, decay=decay, backend="reference")
-    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(W, want_W, rtol=1e-4, atol=1e-4)
-    with pytest.raises(BackendUnavailableError, match="no backward"):
-        fast_weight_delta(q.requires_grad_(), k, v, beta, W0, decay=decay, backend="fla")
-
-
-@GPU
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_gated_half_types_match_reference(rule, dtype):
-    from op_inputs import gated_outputs_and_grads, make_decay
-
-    inputs = on_gpu(make_inputs(2, 4, 200, 64, 64, dtype=torch.float32), dtype)
-    decay = make_decay(2, 4, 200, dtype=torch.float32).detach().cuda().requires_grad_()
-    got = gated_outputs_and_grads(rule, inputs, decay, "fla")
-    reference_inputs = [None if x is None else x.detach().float().requires_grad_() for x in inputs]
-    want = gated_outputs_and_grads(rule, reference_inputs, decay, "reference")
-    for a, b in zip(got, want):
-        assert relative_error(a, b) < 3e-2
+@pytest.mark.parametrize("at_import, later, expected", [
+    ("1", "1", "opened"),
+    ("0", "0", "needs TRITON_INTERPRET=1 in the environment before triton is imported"),
+    ("0", "1", "TRITON_INTERPRET=1 was set after triton compiled fla's kernels"),
+])
+def test_triton_interpreter_says_when_it_cannot_open(at_import, later, expected):
+    env = dict(os.environ, TRITON_INTERPRET=at_import,
+               PYTHONPATH=os.pathsep.join([ROOT] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    proc = subprocess.run([sys.executable, "-c", TRY_THE_INTERPRETER, later], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert expected in proc.stdout, proc.stdout + proc.stderr

@@ -6,6 +6,7 @@ partial gradients) through the same extension and autograd Function as the
 GPU path; tests marked `gpu` run the CUDA kernels themselves and skip
 without CUDA.
 """
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,8 +16,7 @@ import torch
 
 from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
 from fairseq_fwp.ops import cuda as kernels
-from op_inputs import make_inputs, outputs_and_grads, run_op
-from test_ops import assert_all_close
+from op_inputs import assert_all_close, make_inputs, outputs_and_grads, run_op
 
 RULES = ["sum", "delta"]
 C = kernels.CHUNK
@@ -88,10 +88,10 @@ def test_twin_reads_half_inputs_and_accumulates_in_float32(rule, dtype):
     W0 = half[4].detach().float().requires_grad_()
     want_out, want_W = run_op(rule, [x.detach().float() for x in half[:4]] + [W0.detach()], "reference")
     got = kernel_outputs_and_grads(rule, half[:4] + [W0])
-    assert got[0].dtype == dtype and got[1].dtype == torch.float32
-    torch.testing.assert_close(got[0].float(), want_out, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(got[1], want_W, rtol=1e-4, atol=1e-4)
-    assert all(torch.isfinite(g.float()).all() for g in got[2:])
+    assert got["out"].dtype == dtype and got["state"].dtype == torch.float32
+    torch.testing.assert_close(got["out"].float(), want_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got["state"], want_W, rtol=1e-4, atol=1e-4)
+    assert all(torch.isfinite(g.float()).all() for g in got.values())
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -99,7 +99,7 @@ def test_twin_is_deterministic(rule):
     inputs = make_inputs(2, 2, 3 * C + 1, 24, 17, dtype=torch.float32)
     first = kernel_outputs_and_grads(rule, inputs)
     second = kernel_outputs_and_grads(rule, inputs)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(torch.equal(first[name], second[name]) for name in first)
 
 
 def test_twin_without_grad_saves_nothing_and_matches():
@@ -151,6 +151,19 @@ def test_cuda_sources_compile(tmp_path, source, arch):
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_the_toolkit_is_where_nvcc_runs_from_not_where_a_wrapper_lies(tmp_path):
+    """A wrapper script on PATH (as some images install nvcc) still leads to the real toolkit."""
+    root = kernels.toolkit_of(NVCC)
+    assert root is not None and os.path.isfile(os.path.join(root, "include", "cuda_runtime.h"))
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {NVCC} "$@"\n')
+    wrapper.chmod(0o755)
+    assert kernels.toolkit_of(str(wrapper)) == root
+    assert kernels.toolkit_of(str(tmp_path / "missing")) is None
+
+
 # -- on a GPU: the CUDA kernels themselves -----------------------------------------
 
 
@@ -185,8 +198,8 @@ def test_gpu_kernels_half_types(rule, dtype):
     reference_inputs = [x.detach().float().requires_grad_() for x in inputs]
     got = outputs_and_grads(rule, inputs, "cuda")
     want = outputs_and_grads(rule, reference_inputs, "reference")
-    assert got[0].dtype == dtype
-    assert_all_close([g.float() for g in got], want, rtol=2e-2, atol=2e-2)
+    assert got["out"].dtype == dtype
+    assert_all_close(got, want, rtol=2e-2, atol=2e-2)
 
 
 @GPU
@@ -195,7 +208,7 @@ def test_gpu_kernels_are_deterministic(rule):
     inputs = to_cuda(make_inputs(2, 2, 5 * C + 3, 512, 33, dtype=torch.float32))
     first = outputs_and_grads(rule, inputs, "cuda")
     second = outputs_and_grads(rule, inputs, "cuda")
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(torch.equal(first[name], second[name]) for name in first)
 
 
 @GPU

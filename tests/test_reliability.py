@@ -100,11 +100,12 @@ def test_same_seed_same_losses(data, tmp_path, feature_map):
     assert len(runs[0]) == 20 and runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("rule", ["sum", "delta"])
-def test_bf16_training_on_cpu_stays_finite_and_reloads(data, tmp_path, rule):
-    """fairseq 0.12 ties --bf16 to TPUs; the plugin keeps it on the CPU (compat.py)."""
+@pytest.mark.parametrize("rule, as_module", [("sum", False), ("delta", True)])
+def test_bf16_training_on_cpu_stays_finite_and_reloads(data, tmp_path, rule, as_module):
+    """fairseq 0.12 ties --bf16 to TPUs; the plugin keeps it on the CPU (compat.py), whether fairseq-train
+    is launched as its console script or as `python -m fairseq_cli.train`."""
     log = fairseq("train", data / "lm", *LM_FLAGS, "--bf16", "--cpu", "--fwp-feature-map", "dpfp",
-                  "--fwp-update-rule", rule, "--max-update", 30, "--save-dir", tmp_path)
+                  "--fwp-update-rule", rule, "--max-update", 30, "--save-dir", tmp_path, as_module=as_module)
     trajectory = losses(log)
     assert len(trajectory) == 30 and all(loss == loss and loss < 20 for loss in trajectory.values())
     assert trajectory[30] < trajectory[1] - 1  # it learns

@@ -41,10 +41,10 @@ LM_BATCHING = {"language_modeling": ["--sample-break-mode", "none", "--max-token
                "fwp_stream_lm": ["--batch-size", 4]}
 
 
-def train_lm(data, save_dir, *flags, max_update=6, tokens_per_sample=64, task="language_modeling"):
+def train_lm(data, save_dir, *flags, max_update=6, tokens_per_sample=64, task="language_modeling", as_module=False):
     return fairseq("train", data, *COMMON_TRAIN, "--task", task, *LM_BATCHING[task], "--arch", "fwp_lm_tiny",
                    "--tokens-per-sample", tokens_per_sample, "--lr", 0.002, "--warmup-updates", 20,
-                   "--max-update", max_update, "--save-dir", save_dir, *flags)
+                   "--max-update", max_update, "--save-dir", save_dir, *flags, as_module=as_module)
 
 
 def generate(data, checkpoint, *flags):

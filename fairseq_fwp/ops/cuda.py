@@ -19,6 +19,9 @@ chunk's checkpoint.
 """
 import logging
 import os
+import re
+import shutil
+import subprocess
 import warnings
 
 import torch
@@ -48,14 +51,49 @@ def _ensure_ninja_on_path():
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def toolkit_of(nvcc):
+    """The CUDA toolkit folder of the nvcc at path `nvcc`, as nvcc itself reports it, or None.
+
+    nvcc on PATH may be a wrapper script (``exec /usr/local/cuda-13.0/bin/nvcc "$@"`` in
+    /usr/local/bin), from which torch would take /usr/local for the toolkit and miss its headers.
+    """
+    try:
+        proc = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"^#\$ _HERE_=(.+)$", proc.stdout + proc.stderr, re.MULTILINE)
+    if not match:
+        return None
+    root = os.path.dirname(match.group(1).strip())
+    return root if os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")) else None
+
+
+def _locate_cuda_toolkit(cpp_extension):
+    """Set CUDA_HOME (from nvcc's own report) and TORCH_CUDA_ARCH_LIST (this device's compute capability)
+    where the user has not, so that the JIT build finds the toolkit and targets this GPU."""
+    if not torch.cuda.is_available():
+        return
+    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")) and shutil.which("nvcc"):
+        root = toolkit_of(shutil.which("nvcc"))
+        if root is not None and root != cpp_extension.CUDA_HOME:
+            logger.info("CUDA toolkit: %s (where nvcc on PATH runs from)", root)
+            os.environ["CUDA_HOME"] = cpp_extension.CUDA_HOME = root  # torch read CUDA_HOME at import
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "{}.{}".format(*torch.cuda.get_device_capability())
+
+
 def _jit_build():
     from torch.utils import cpp_extension
 
+    _locate_cuda_toolkit(cpp_extension)
     if not os.path.isfile(os.path.join(CSRC_DIR, "fast_weight.cpp")):
         raise BackendUnavailableError(
             f"the fast-weight extension is not prebuilt and its sources are not at {CSRC_DIR}: "
             "install fairseq-fwp from a source checkout (pip install -e .)")
-    with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    # The CUDA kernels are built for the GPUs in sight; without one (a CUDA build of torch on a CPU
+    # machine) only the CPU twin is built.
+    with_cuda = torch.cuda.is_available() and cpp_extension.CUDA_HOME is not None
     sources = [os.path.join(CSRC_DIR, "fast_weight.cpp")]
     flags = ["-O3", "-std=c++17"]
     if with_cuda:

@@ -17,9 +17,10 @@ queries by ``scale``, which is 1 here (our ops apply no scaling). Gradients
 reach q, k, v, beta and the initial state.
 
 fla runs on CUDA tensors. On the CPU it runs only through Triton's
-interpreter (``TRITON_INTERPRET=1`` before triton is imported), which is how
-the recurrent kernels are tested on machines without a GPU; the chunkwise
-kernels need a GPU (tests/test_fla.py, scripts/gpu_check.sh).
+interpreter (``TRITON_INTERPRET=1`` before triton is imported, inside
+``fairseq_fwp.testing.triton_interpreter()``), which is how every kernel
+form above is tested on machines without a GPU (tests/test_fla_interpreted.py);
+the interpreter computes bfloat16 chunks wrongly, so those are refused there.
 """
 import collections
 import functools
@@ -73,6 +74,9 @@ def unfit_reason(x, gated=None):
                 "(on the CPU only through Triton's interpreter, TRITON_INTERPRET=1)")
     if x.dtype not in KERNEL_DTYPES:
         return f"backend 'fla' takes float32, float16 or bfloat16, got {x.dtype}"
+    if not x.is_cuda and x.dtype == torch.bfloat16 and kernel_form(x.dtype, x.shape[2]) == "chunk":
+        return ("Triton's interpreter computes fla's bfloat16 chunk kernels wrongly (silently): on the CPU "
+                "use float16 or float32")
     if x.shape[-1] > MAX_FEATURES:
         return f"backend 'fla' takes feature sizes D <= {MAX_FEATURES}, got D = {x.shape[-1]}"
     if gated is not None and gated.delta and gated.needs_grad and kernel_form(x.dtype, x.shape[2]) == "recurrent":

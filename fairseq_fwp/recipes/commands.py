@@ -6,29 +6,34 @@ import subprocess
 import sys
 import time
 
-BIN_DIR = os.path.dirname(sys.executable)
+# Where the fairseq-* console scripts are: beside this interpreter, or where FAIRSEQ_BIN says (the GPU
+# check, whose fairseq runs from a source tree, writes its own: scripts/gpu_check.sh).
+BIN_DIR = os.environ.get("FAIRSEQ_BIN") or os.path.dirname(sys.executable)
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _command_line(command):
-    """fairseq-<command> of this environment, or its module where fairseq is used from a source
-    tree without console scripts (the GPU check's machine: scripts/gpu_check.sh)."""
+def _command_line(command, as_module=False):
+    """fairseq-<command> of this environment; with as_module, or where there is no console script, its
+    module."""
     script = os.path.join(BIN_DIR, f"fairseq-{command}")
-    if os.path.exists(script):
+    if os.path.exists(script) and not as_module:
         return [script]
     return [sys.executable, "-m", f"fairseq_cli.{command.replace('-', '_')}"]
 
 
-def fairseq(command, *args, cwd=None, echo=False, log=None):
+def fairseq(command, *args, cwd=None, echo=False, log=None, as_module=False):
     """Run fairseq-<command>; returns its combined output, raises with its tail on failure.
 
     echo=True prints the command line first (recipes: every step can be rerun
     by hand); log, a path, receives the output as it comes (long trainings).
+    as_module=True launches `python -m fairseq_cli.<command>` even where the
+    console script exists (users launch both ways).
     fairseq-train with --max-update prints its progress (TrainingProgress).
     """
-    argv = [*_command_line(command), *map(str, args)]
+    launcher = _command_line(command, as_module)
+    argv = [*launcher, *map(str, args)]
     if echo:
-        print("+ " + shlex.join([f"fairseq-{command}", *argv[len(_command_line(command)):]]), flush=True)
+        print("+ " + shlex.join([f"fairseq-{command}", *argv[len(launcher):]]), flush=True)
     progress = TrainingProgress.for_arguments(argv) if command == "train" else None
     lines = []
     with open(log or os.devnull, "w") as sink:

@@ -1,9 +1,9 @@
 """Speed and memory of the fast-weight ops against causal softmax attention.
 
-    python -m fairseq_fwp.ops.benchmark                 # CPU, float32 (a few minutes on 2 cores)
-    python -m fairseq_fwp.ops.benchmark --quick         # CPU, T = 256 only
-    python -m fairseq_fwp.ops.benchmark --device cuda   # GPU, bfloat16: the cuda and fla backends vs
-                                                        # chunked vs flash SDPA (scripts/gpu_check.sh runs it)
+    .venv/bin/python examples/speed/op_benchmark.py                 # CPU, float32 (a few minutes on 2 cores)
+    .venv/bin/python examples/speed/op_benchmark.py --quick         # CPU, T = 256 only
+    .venv/bin/python examples/speed/op_benchmark.py --device cuda   # GPU, bfloat16: the cuda and fla backends
+                                                                    # vs chunked vs flash SDPA (the GPU check)
 
 On the CPU every case runs in a fresh subprocess so that its peak memory (the
 growth of the process's maximum resident set over the inputs) is its own; on
@@ -30,7 +30,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import cuda, fast_weight_delta, fast_weight_sum, fla
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)  # the checkout's fairseq_fwp, also without `pip install -e .`
+
+from fairseq_fwp.ops import cuda, fast_weight_delta, fast_weight_sum, fla  # noqa: E402
 
 METHODS = ("reference-sum", "reference-delta", "chunked-sum", "chunked-delta", "softmax-sdpa")
 CONFIGS = {"B2-H4-D64": (2, 4, 64), "B1-H8-D64": (1, 8, 64)}
@@ -152,7 +155,7 @@ KEEP_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOL
 
 
 def _run_in_subprocess(method, B, H, T, D, threads, keep_memory):
-    cmd = [sys.executable, "-m", "fairseq_fwp.ops.benchmark", "--case",
+    cmd = [sys.executable, os.path.abspath(__file__), "--case",
            json.dumps([method, B, H, T, D]), "--threads", str(threads)]
     env = dict(os.environ, **(KEEP_MEMORY_ENV if keep_memory else {}))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
