@@ -21,12 +21,13 @@ def make_decay(B, H, T, dtype=torch.float64, low=0.5, seed=3):
 
 
 def run_op(rule, inputs, backend, **gate):
-    """backend: a backend name, or a callable (q, k, v, beta, W0) -> (out, W); gate: decay= or log_decay=."""
+    """backend: a backend name, or a callable (q, k, v, beta, W0, **gate) -> (out, W); gate: decay= or
+    log_decay=."""
     from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
 
     q, k, v, beta, W0 = inputs
     if callable(backend):
-        return backend(q, k, v, beta, W0)
+        return backend(q, k, v, beta, W0, **gate)
     if rule == "sum":
         return fast_weight_sum(q, k, v, W0, backend=backend, **gate)
     return fast_weight_delta(q, k, v, beta, W0, backend=backend, **gate)
@@ -64,3 +65,34 @@ def relative_errors(got, want):
     """{name: max |got - want| / max |want|} over outputs_and_grads' tensors."""
     return {name: ((got[name].double() - want[name].double()).abs().max()
                    / want[name].double().abs().max().clamp_min(1e-12)).item() for name in want}
+
+
+def recurrence(rule):
+    """The step-by-step reference loops called directly, with the decay as the paper's multiplier a_t
+    (no log anywhere): the ground truth for decays of exactly zero. A callable for run_op."""
+    from fairseq_fwp.ops import reference
+
+    def run(q, k, v, beta, W0, decay=None):
+        if rule == "sum":
+            return reference.fast_weight_sum_reference(q, k, v, W0, decay=decay)
+        return reference.fast_weight_delta_reference(q, k, v, beta, W0, decay=decay)
+
+    return run
+
+
+def with_full_forgets(decay, pattern):
+    """decay (a leaf) with some values replaced: "one zero", "zeros in a row" (across a chunk border of 64
+    and 32), or "subnormal" (below float32's smallest normal). Returns a new leaf with requires_grad."""
+    a = decay.detach().clone()
+    if pattern == "one zero":
+        a[..., 5] = 0
+    elif pattern == "zeros in a row":
+        a[..., 30:34] = 0
+        a[..., 62:66] = 0
+    elif pattern == "subnormal":
+        a[..., 5] = 1e-40
+        a[..., 40] = 3e-39
+        a[..., 41] = 0
+    else:
+        raise ValueError(pattern)
+    return a.requires_grad_()

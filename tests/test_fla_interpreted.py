@@ -16,7 +16,7 @@ import torch
 
 from fairseq_fwp.ops import BackendUnavailableError, fast_weight_delta, fla
 from fairseq_fwp.testing import triton_interpreter
-from op_inputs import make_decay, make_inputs, outputs_and_grads, relative_errors
+from op_inputs import make_decay, make_inputs, outputs_and_grads, recurrence, relative_errors, with_full_forgets
 
 pytestmark = pytest.mark.skipif(not fla.interpreting(), reason="needs TRITON_INTERPRET=1 set before triton is "
                                 "imported (conftest.py does so without CUDA; the GPU check runs this file so)")
@@ -155,3 +155,28 @@ def test_mixed_dtypes_are_computed_in_float32(rule):
     assert got["out"].dtype == torch.float32
     errors = relative_errors(got, want)
     assert max(errors.values()) < 1e-3, errors
+
+
+@pytest.mark.parametrize("rule", ["gated-sum", "gated-delta"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("pattern", ["one zero", "zeros in a row", "subnormal"])
+@pytest.mark.parametrize("given", ["decay", "log_decay"])
+def test_full_forgets(rule, dtype, pattern, given):
+    """Decays of exactly zero (fla gets a finite g whose exp is 0), in a row, and below float32's
+    smallest normal: against the step-by-step loops in float64, every gradient where the kernel has one."""
+    base = rule.removeprefix("gated-")
+    trains = not (base == "delta" and dtype == torch.float32)  # fla's recurrent gated delta rule: no backward
+    inputs, _ = inputs_for(rule, (1, 2, 70, 16, 8), dtype, True)
+    decay = with_full_forgets(make_decay(1, 2, 70, dtype=torch.float32, low=0.8), pattern)
+    if not trains:
+        inputs, decay = [x.detach() for x in inputs], decay.detach()
+    gate = {"decay": decay} if given == "decay" else {"log_decay": decay.detach().log().requires_grad_(trains)}
+    got = outputs_and_grads(base, inputs, "fla", **gate)
+    wide = [x.detach().double().requires_grad_(trains) for x in inputs]
+    wide_decay = decay.detach().double().requires_grad_(trains)
+    want = outputs_and_grads(base, wide, recurrence(base), decay=wide_decay)
+    if given == "log_decay" and trains:
+        want["ddecay"] = want["ddecay"] * wide_decay.detach()
+    assert all(torch.isfinite(x).all() for x in got.values())
+    errors = relative_errors(got, want)
+    assert max(errors.values()) < (5e-3 if dtype == torch.float16 else 1e-5), errors

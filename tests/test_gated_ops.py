@@ -5,7 +5,8 @@ import torch
 from fairseq_fwp.ops import BackendUnavailableError, fast_weight_delta, fast_weight_delta_state, fast_weight_sum
 from fairseq_fwp.ops import fast_weight_sum_state
 from fairseq_fwp.ops.chunked_gated import gated_chunked
-from op_inputs import assert_all_close, make_decay, make_inputs, outputs_and_grads
+from op_inputs import (assert_all_close, make_decay, make_inputs, outputs_and_grads, recurrence, relative_errors,
+                       with_full_forgets)
 
 RULES = ["sum", "delta"]
 # (B, H, T, D, Dv): T = 1, T < C, T not a multiple of C (C = 32 for D <= 32, else 64), D != Dv both ways.
@@ -103,3 +104,29 @@ def test_bad_decays_name_the_tensor_and_cuda_has_no_gated_rules():
         fast_weight_sum(q, k, v, decay=torch.ones(1, 2, 4, dtype=torch.float64))
     with pytest.raises(BackendUnavailableError, match="cuda.*gated"):
         fast_weight_delta(q, k, v, beta, decay=torch.ones(1, 2, 5, dtype=torch.float64), backend="cuda")
+
+
+FORGETS = ["one zero", "zeros in a row", "subnormal"]
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("pattern", FORGETS)
+@pytest.mark.parametrize("given", ["decay", "log_decay"])
+def test_full_forgets_match_the_float64_recurrence(backend, dtype, rule, pattern, given):
+    """A decay of exactly zero (a full forget), several in a row, or below float32's smallest normal:
+    outputs, final state and every gradient (to the decay, or to its log) as the step-by-step loops
+    give them in float64 with the decay as a plain multiplier."""
+    inputs = make_inputs(1, 2, 70, 6, 5, dtype=dtype)
+    decay = with_full_forgets(make_decay(1, 2, 70, dtype=dtype), pattern)
+    gate = {"decay": decay} if given == "decay" else {"log_decay": decay.detach().log().requires_grad_()}
+    got = outputs_and_grads(rule, inputs, backend, **gate)
+    wide = [x.detach().double().requires_grad_() for x in inputs]
+    wide_decay = decay.detach().double().requires_grad_()
+    want = outputs_and_grads(rule, wide, recurrence(rule), decay=wide_decay)
+    if given == "log_decay":  # d/d(log a) = a d/da; zero where a = 0
+        want["ddecay"] = want["ddecay"] * wide_decay.detach()
+    assert all(torch.isfinite(x).all() for x in got.values())
+    errors = relative_errors(got, want)
+    assert max(errors.values()) < (1e-5 if dtype == torch.float32 else 1e-10), errors

@@ -47,12 +47,12 @@ def test_short_convolution_is_a_causal_depthwise_convolution_and_continues_from_
 def test_decays_start_close_to_one_and_stay_in_range(form):
     torch.manual_seed(0)
     gate = DecayGate(32, 4, form)
-    a = gate(torch.randn(50, 3, 32))
+    a = gate(torch.randn(50, 3, 32)).exp()
     assert a.shape == (3, 4, 50) and bool((a > 0).all() and (a <= 1).all())
     assert a.mean() > 0.8  # at initialisation the layer is almost the ungated rule
     if form == "mamba2":  # log a = -exp(A_log) softplus(w.x + dt_bias)
         x = torch.randn(1, 1, 32)
-        want = torch.exp(-gate.A_log.exp() * F.softplus(gate.proj(x)[0, 0] + gate.dt_bias))
+        want = -gate.A_log.exp() * F.softplus(gate.proj(x)[0, 0] + gate.dt_bias)
         torch.testing.assert_close(gate(x)[0, :, 0], want)
 
 
@@ -166,3 +166,24 @@ def test_padded_positions_neither_write_nor_decay_a_carried_memory(rule):
         out = attn(x, x, x, key_padding_mask=pads if padded else None)[0]
         outputs.append(out[-4:])
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["mamba2", "logsigmoid"])
+def test_training_where_the_gate_forgets_fully_stays_finite(form):
+    """A gate pushed to log a < -104, where exp underflows to exactly 0 in float32: the layers pass log a
+    to the ops, which take it as the full forget it is; the loss and every gradient stay finite."""
+    model, d = build_lm_model(*GATED_DELTA_NET, "--fwp-decay-form", form)
+    model.train()
+    with torch.no_grad():
+        for gate in (m.decay_gate for m in model.modules() if isinstance(m, FastWeightAttention)):
+            if form == "mamba2":
+                gate.A_log.fill_(math.log(16.0))
+                gate.dt_bias.fill_(10.0)  # log a = -16 softplus(10 + w.x), about -160
+            else:
+                gate.proj.bias.fill_(-2000.0)  # log a = logsigmoid(-2000) / 16 = -125
+            assert gate(torch.randn(5, 2, 64)).max() < -104
+    tokens = random_tokens(d, [70, 70], left_pad=False)  # more than one chunk
+    loss = -model.get_normalized_probs(model(tokens), log_probs=True).mean()
+    loss.backward()
+    assert math.isfinite(loss.item())
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -312,6 +312,7 @@ def test_decoding_steps_of_the_gated_rules(rule):
 
     q, k, v, beta, W0 = (x.detach() for x in make_inputs(2, 2, 6, 5, 3))
     decay = 0.5 + 0.5 * torch.rand(2, 2, 6, dtype=torch.float64)
+    decay[:, :, 3] = 0  # a full forget
     for start in (W0, None):
         W_ref = torch.zeros_like(W0) if start is None else start.clone()
         W, keys, writes = (None if start is None else start.clone()), None, None
@@ -322,10 +323,11 @@ def test_decoding_steps_of_the_gated_rules(rule):
                 want, W_ref = sum_step(W_ref, *args, a)
             else:
                 want, W_ref = delta_step(W_ref, *args, b, a)
+            log_a = a.log()
             if start is None:
-                got, keys, writes = decoding.factored_step(keys, writes, *args, b, a, dtype=torch.float64)
+                got, keys, writes = decoding.factored_step(keys, writes, *args, b, log_a, dtype=torch.float64)
                 W = decoding.materialize(keys, writes)
             else:
-                got = decoding.sum_step_(W, *args, a) if rule == "sum" else decoding.delta_step_(W, *args, b, a)
+                got = decoding.sum_step_(W, *args, log_a) if rule == "sum" else decoding.delta_step_(W, *args, b, log_a)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(W, W_ref, rtol=1e-12, atol=1e-12)

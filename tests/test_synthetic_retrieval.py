@@ -135,7 +135,7 @@ def test_gated_delta_memory_unrolls_the_gated_delta_rule():
         W = decay[:, i, None, None] * W
         u = beta[:, i, None] * (v[:, i] - (W @ k[:, i, :, None]).squeeze(-1))
         W = W + u[:, :, None] * k[:, i, None, :]
-    torch.testing.assert_close(GatedDeltaMemory(torch.nn.Identity()).write(k, v, beta, decay), W)
+    torch.testing.assert_close(GatedDeltaMemory(torch.nn.Identity()).write(k, v, beta, decay.log()), W)
     model = build_model("gdelta-linear", 5)
     keys, values, queries, _ = data.training_batch(2, 5, setting=2)
     model(keys, values, queries).sum().backward()

@@ -73,7 +73,7 @@ class SoftmaxMemory(nn.Module):
 
     uses_beta = False
 
-    def forward(self, k, v, beta, q, decay=None):
+    def forward(self, k, v, beta, q, log_decay=None):
         scores = q @ k.transpose(-1, -2) / math.sqrt(k.shape[-1])  # [B, Q, L]
         return scores.softmax(-1) @ v
 
@@ -85,7 +85,7 @@ class FastWeightMemory(nn.Module):
     """
 
     uses_beta = True
-    uses_decay = False  # the gated delta rule's a_i
+    uses_decay = False  # the gated delta rule's a_i (as log a_i)
     sum_normalized = False  # phi' = phi / sum(phi) (Eq. 29) for keys and query
 
     def __init__(self, phi):
@@ -96,25 +96,25 @@ class FastWeightMemory(nn.Module):
         features = self.phi(x)
         return sum_normalize(features) if self.sum_normalized else features
 
-    def forward(self, k, v, beta, q, decay=None):
+    def forward(self, k, v, beta, q, log_decay=None):
         if self.training:
             start_training_step(self.phi)  # FAVOR+: new random features every mini-batch (Sec. 5.3)
-        fast_weight = self.write(self.features(k), v, beta, *((decay,) if self.uses_decay else ()))
+        fast_weight = self.write(self.features(k), v, beta, *((log_decay,) if self.uses_decay else ()))
         return self.read(fast_weight, self.features(q))
 
     def read(self, fast_weight, phi_q):
         return phi_q @ fast_weight.transpose(-1, -2)  # y = W phi(q) (Eq. 25)
 
 
-def final_fast_weight(op, phi_k, v, beta=None, state=None, decay=None):
+def final_fast_weight(op, phi_k, v, beta=None, state=None, log_decay=None):
     """Run a plugin state-only op on one head: the final fast weight, ``[B, Dv, D]``.
 
-    phi_k ``[B, T, D]``, v ``[B, T, Dv]``, beta and decay ``[B, T]``, state ``[B, Dv, D]``.
+    phi_k ``[B, T, D]``, v ``[B, T, Dv]``, beta and log_decay ``[B, T]``, state ``[B, Dv, D]``.
     The query comes after the sequence, so no per-step outputs are needed:
     fast_weight_sum_state / fast_weight_delta_state compute none.
     """
     betas = () if beta is None else (beta.unsqueeze(1),)
-    gated = {} if decay is None else {"decay": decay.unsqueeze(1)}
+    gated = {} if log_decay is None else {"log_decay": log_decay.unsqueeze(1)}
     fast_weight = op(phi_k.unsqueeze(1), v.unsqueeze(1), *betas, None if state is None else state.unsqueeze(1),
                      **gated)
     return fast_weight.squeeze(1)
@@ -147,12 +147,12 @@ class DeltaMemory(FastWeightMemory):
 
 
 class GatedDeltaMemory(DeltaMemory):
-    """The gated delta rule: the delta rule with a decay a_i (fast_weight_delta_state's decay)."""
+    """The gated delta rule: the delta rule with a decay a_i (fast_weight_delta_state's log_decay)."""
 
     uses_decay = True
 
-    def write(self, phi_k, v, beta, decay):
-        return final_fast_weight(fast_weight_delta_state, phi_k, v, beta, decay=decay)
+    def write(self, phi_k, v, beta, log_decay):
+        return final_fast_weight(fast_weight_delta_state, phi_k, v, beta, log_decay=log_decay)
 
 
 class GatedMemory(FastWeightMemory):
@@ -225,12 +225,13 @@ class RetrievalModel(nn.Module):
     def forward(self, keys, values, queries):
         """keys, values ``[B, L]``, queries ``[B, Q]`` (indices) -> retrieved values ``[B, Q, S]``."""
         beta = torch.sigmoid(self.write_input(self.W_b, keys, values)).squeeze(-1) if self.W_b is not None else None
-        decay = None
-        if self.decay_gate is not None:  # [B, L, 1] logits -> [B, L] decays
-            decay = self.decay_gate.from_logits(self.write_input(self.decay_gate.proj, keys, values)).squeeze(-1)
+        log_decay = None
+        if self.decay_gate is not None:  # [B, L, 1] logits -> [B, L] log decays
+            log_decay = self.decay_gate.log_decay_from_logits(
+                self.write_input(self.decay_gate.proj, keys, values)).squeeze(-1)
         v = F.one_hot(values, self.num_keys).float()
         return self.memory(self.write_input(self.W_k, keys, values), v, beta, self.W_q(self.embedding(queries)),
-                           decay)
+                           log_decay)
 
     def write_input(self, linear, keys, values):
         """``linear(x_i)`` for x_i = [one_hot(value_i); E(key_i)], without building x.

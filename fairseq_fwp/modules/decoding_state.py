@@ -27,15 +27,15 @@ MEMORY = ("fast_weight", "key_sum")  # W and z: fixed shapes, so rows are gather
 MEMORY_ROWS = "rows_per_memory"
 
 
-def advance_rows(buffer, q, k, v, beta, decay, dtype):
-    """One token for every row (beta None: the sum rules; decay None: the paper's rules);
+def advance_rows(buffer, q, k, v, beta, log_decay, dtype):
+    """One token for every row (beta None: the sum rules; log_decay None: the paper's rules);
     returns out ``[rows, H, Dv]``."""
     W = buffer.get("fast_weight")
     if W is not None:
         if beta is None:
-            return decoding.sum_step_(W, q, k, v, decay)
-        return decoding.delta_step_(W, q, k, v, beta, decay)
-    out, keys, writes = decoding.factored_step(buffer.get("keys"), buffer.get("writes"), q, k, v, beta, decay,
+            return decoding.sum_step_(W, q, k, v, log_decay)
+        return decoding.delta_step_(W, q, k, v, beta, log_decay)
+    out, keys, writes = decoding.factored_step(buffer.get("keys"), buffer.get("writes"), q, k, v, beta, log_decay,
                                                dtype)
     if keys.shape[2] >= decoding.factored_length_limit(k.shape[-1], v.shape[-1]):
         store_fast_weight(buffer, decoding.materialize(keys, writes))  # W is smaller from here on

@@ -163,10 +163,10 @@ class FastWeightAttention(nn.Module):
         keep = None if key_padding_mask is None else ~key_padding_mask  # [B, T]: positions that write
         q, k, v = self._causal_features(x, keep, state)
         beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0) if self.delta else None  # [B, H, T]
-        decay = self.decay_gate(x) if self.decay_gate is not None else None
+        log_decay = self.decay_gate(x) if self.decay_gate is not None else None
         if keep is not None:
             beta = None if beta is None else beta * keep.unsqueeze(1).to(beta.dtype)
-            decay = None if decay is None else decay.masked_fill(~keep.unsqueeze(1), 1.0)
+            log_decay = None if log_decay is None else log_decay.masked_fill(~keep.unsqueeze(1), 0.0)
         acc = accumulation_dtype(q.dtype)
         one_step = incremental_state is not None and T == 1 and not torch.is_grad_enabled()
 
@@ -183,14 +183,14 @@ class FastWeightAttention(nn.Module):
                 k, beta = self._delta_attention_normalization(k, beta, z)
 
         if one_step:
-            out = decoding_state.advance_rows(state, q[:, :, 0], k[:, :, 0], v[:, :, 0], _step(beta), _step(decay),
-                                              acc).unsqueeze(2).to(q.dtype)
+            out = decoding_state.advance_rows(state, q[:, :, 0], k[:, :, 0], v[:, :, 0], _step(beta),
+                                              _step(log_decay), acc).unsqueeze(2).to(q.dtype)
         else:
             W0 = decoding_state.fast_weight(state)
             if self.delta:
-                out, W = fast_weight_delta(q, k, v, beta, W0, decay=decay, backend=self.backend)
+                out, W = fast_weight_delta(q, k, v, beta, W0, log_decay=log_decay, backend=self.backend)
             else:
-                out, W = fast_weight_sum(q, k, v, W0, decay=decay, backend=self.backend)
+                out, W = fast_weight_sum(q, k, v, W0, log_decay=log_decay, backend=self.backend)
             decoding_state.store_fast_weight(state, W)
         if z is not None:
             out = self._normalize_output(out, q, z.to(out.dtype))

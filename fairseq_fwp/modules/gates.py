@@ -37,17 +37,19 @@ class DecayGate(nn.Module):
             nn.init.zeros_(self.proj.bias)
 
     def forward(self, x):
-        """x ``[T, B, C]`` -> decay ``[B, H, T]`` in (0, 1] (float32 or float64)."""
-        return self.from_logits(self.proj(x).permute(1, 2, 0))
+        """x ``[T, B, C]`` -> log a ``[B, H, T]`` in [-inf, 0] (float32 or float64).
 
-    def from_logits(self, z):
-        """The decay from the projection's output z ``[B, H, T]``."""
+        The log goes to the ops as it is: exp of it underflows to 0 in float32 once log a < -104,
+        which the ops take as the full forget it is (ops/decay.py).
+        """
+        return self.log_decay_from_logits(self.proj(x).permute(1, 2, 0))
+
+    def log_decay_from_logits(self, z):
+        """log a from the projection's output z ``[B, H, T]``."""
         z = z if z.dtype == torch.float64 else z.float()  # decays are computed in float32
         if self.form == "mamba2":
-            log_decay = -self.A_log.exp().unsqueeze(-1) * F.softplus(z + self.dt_bias.unsqueeze(-1))
-        else:
-            log_decay = F.logsigmoid(z) / 16
-        return log_decay.exp()
+            return -self.A_log.exp().unsqueeze(-1) * F.softplus(z + self.dt_bias.unsqueeze(-1))
+        return F.logsigmoid(z) / 16
 
     def extra_repr(self):
         return f"form={self.form}"

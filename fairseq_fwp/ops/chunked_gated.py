@@ -1,9 +1,9 @@
 """Chunkwise forms of the gated rules, with a hand-written backward pass.
 
-A decay a_t in (0, 1] per (batch, head, step) scales the memory before step t
-writes (reference.py). Row convention S = W^T as in chunked.py; derivation in
-ops/README.md ("Gated rules"). Inside a chunk of C steps, with
-c_t = sum_{i<=t} log a_i (from the chunk's start):
+A decay a_t in [0, 1] per (batch, head, step) scales the memory before step t
+writes (reference.py); the ops take its log (decay.py). Row convention
+S = W^T as in chunked.py; derivation in ops/README.md ("Gated rules"). Inside
+a chunk of C steps, with c_t = sum_{i<=t} log a_i (from the chunk's start):
 
     gamma_t = exp(c_t)               decay from the chunk's start through t
     G_tj    = exp(c_t - c_j), j <= t decay from step j (exclusive) through t
@@ -17,8 +17,11 @@ M = I + strictly_lower(diag(b) (K K^T * G))):
     S_end = gamma_C S0 + (diag(rho) K)^T U
 
 Only ratios exp(c_t - c_j) <= 1 are ever formed, so strong decays cannot
-overflow. Without a decay the ops use chunked.py, which this leaves as fast
-as it was.
+overflow. A full forget (a_t = 0, log a_t = -inf) would make such a
+difference -inf - (-inf); instead c keeps the finite logs only, beside a
+count of the full forgets so far, and a factor whose span holds a full
+forget is exactly 0. Without a decay the ops use chunked.py, which this
+leaves as fast as it was.
 
 Memory kept for backward: the inputs, one ``D x Dv`` state per chunk, per
 chunk the ``C x C`` matrices ``tril(Q K^T) * G`` and G (and for the delta rule
@@ -34,12 +37,28 @@ def _t(x):
 
 
 def _chunk_decays(log_decay, chunk):
-    """gamma, G (lower triangle, diagonal included; zero above), rho and gamma_C of every chunk."""
-    c = to_chunks(log_decay.unsqueeze(-1), chunk).squeeze(-1).cumsum(-1)  # padded steps: log a = 0
+    """gamma, G (lower triangle, diagonal included; zero above), rho and gamma_C of every chunk.
+
+    Each is exp(c_t - c_j) over a span (j, t] of steps, computed as exp of the span's finite logs, and
+    exactly 0 where a full forget (log a = -inf) lies in the span.
+    """
+    log_a = to_chunks(log_decay.unsqueeze(-1), chunk).squeeze(-1)  # padded steps: log a = 0
+    forgets = torch.isneginf(log_a)
+    c = log_a.masked_fill(forgets, 0.0).cumsum(-1)
+    n = forgets.cumsum(-1)  # full forgets from the chunk's start through each step
     C = c.shape[-1]
     lower = torch.ones(C, C, dtype=torch.bool, device=c.device).tril()
-    G = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()
-    return c, c.exp(), G, (c[..., -1:] - c).exp(), c[..., -1].exp()
+
+    def span(c_to, c_from, n_to, n_from, keep=None):
+        kept = n_to == n_from if keep is None else (n_to == n_from) & keep
+        return (c_to - c_from).masked_fill(~kept, float("-inf")).exp()
+
+    G = span(c.unsqueeze(-1), c.unsqueeze(-2), n.unsqueeze(-1), n.unsqueeze(-2), lower)
+    zero = torch.zeros_like(c[..., :1])
+    gamma = span(c, zero, n, 0)
+    rho = span(c[..., -1:], c, n[..., -1:], n)
+    gamma_end = span(c[..., -1], zero[..., 0], n[..., -1], 0)
+    return gamma, G, rho, gamma_end
 
 
 class _GatedChunked(torch.autograd.Function):
@@ -49,7 +68,7 @@ class _GatedChunked(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, log_decay, S0, chunk):
         T = q.shape[2]
         Q, K, V = (to_chunks(x, chunk) for x in (q, k, v))
-        _, gamma, G, rho, gamma_end = _chunk_decays(log_decay, chunk)
+        gamma, G, rho, gamma_end = _chunk_decays(log_decay, chunk)
         delta = beta is not None
         Tinv = Wk = KK = None
         if delta:
@@ -82,7 +101,7 @@ class _GatedChunked(torch.autograd.Function):
         q, k, v, beta, log_decay, S_start, A, G, U, Tinv, Wk, KK = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
         Q, K, V, dO = (to_chunks(x, chunk) for x in (q, k, v, d_out))
-        _, gamma, _, rho, gamma_end = _chunk_decays(log_decay, chunk)
+        gamma, _, rho, gamma_end = _chunk_decays(log_decay, chunk)
         delta = beta is not None
 
         # Reverse sweep: dU_n = A_n^T dO_n + (rho K_n) dS_{n+1};
@@ -133,11 +152,9 @@ class _GatedChunked(torch.autograd.Function):
         return (from_chunks(dQ, T), from_chunks(dK, T), from_chunks(dV, T), db, d_log, dS0, None)
 
 
-def gated_chunked(q, k, v, beta, decay, state, chunk_size=None):
-    """Gated sum rule (beta None) or gated delta rule; ``state`` is W ``[B, H, Dv, D]`` or None.
-
-    The decay's gradient flows through its logarithm (decay must be > 0).
-    """
+def gated_chunked(q, k, v, beta, log_decay, state, chunk_size=None):
+    """Gated sum rule (beta None) or gated delta rule; ``state`` is W ``[B, H, Dv, D]`` or None;
+    ``log_decay`` is log a_t ``[B, H, T]`` (-inf: a full forget), which gets the decay's gradient."""
     chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
-    out, S = _GatedChunked.apply(q, k, v, beta, decay.log(), None if state is None else _t(state), chunk)
+    out, S = _GatedChunked.apply(q, k, v, beta, log_decay, None if state is None else _t(state), chunk)
     return out, _t(S)

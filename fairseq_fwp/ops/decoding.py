@@ -13,9 +13,10 @@ everything the step needs and then receives a rank-1 update where it lives:
 
 Both equal the functional steps (the query reads the updated memory:
 W_t q = W_{t-1} q + u (k . q)); tests/test_ops.py checks them against those.
-q, k: ``[B, H, D]``, v: ``[B, H, Dv]``, beta and decay: ``[B, H]``, in any
-float dtype; the output has W's dtype. With a decay a (the gated rules),
-W is scaled by a first (W <- a W), then the step is the same.
+q, k: ``[B, H, D]``, v: ``[B, H, Dv]``, beta and log_decay: ``[B, H]``, in any
+float dtype; the output has W's dtype. With a decay a = exp(log_decay) (the
+gated rules; -inf: a full forget), W is scaled by a first (W <- a W), then
+the step is the same.
 
 A decoder that starts from an empty memory can hold W as its factors for a
 while (the dual form): after t tokens W = U^T K with the keys K ``[t, D]``
@@ -28,16 +29,16 @@ copies less.
 import torch
 
 
-def _decay_(W, decay):
-    if decay is not None:
-        W.mul_(decay.to(W.dtype).unsqueeze(-1).unsqueeze(-1))
+def _decay_(W, log_decay):
+    if log_decay is not None:
+        W.mul_(log_decay.to(W.dtype).exp().unsqueeze(-1).unsqueeze(-1))
 
 
 @torch.no_grad()
-def sum_step_(W, q, k, v, decay=None):
+def sum_step_(W, q, k, v, log_decay=None):
     """Sum rule, one token; W is updated in place. Returns out ``[B, H, Dv]``."""
     q, k, v = (x.to(W.dtype) for x in (q, k, v))
-    _decay_(W, decay)
+    _decay_(W, log_decay)
     out = _read(W, q.unsqueeze(-2)).squeeze(-2)
     out.addcmul_(v, (k * q).sum(-1, keepdim=True))
     W.addcmul_(v.unsqueeze(-1), k.unsqueeze(-2))  # W += v k^T, no outer-product temporary
@@ -45,10 +46,10 @@ def sum_step_(W, q, k, v, decay=None):
 
 
 @torch.no_grad()
-def delta_step_(W, q, k, v, beta, decay=None):
+def delta_step_(W, q, k, v, beta, log_decay=None):
     """Delta rule, one token; W is updated in place. Returns out ``[B, H, Dv]``."""
     q, k, v, beta = (x.to(W.dtype) for x in (q, k, v, beta))
-    _decay_(W, decay)
+    _decay_(W, log_decay)
     read = _read(W, torch.stack([k, q], dim=-2))  # one pass over W: [B, H, 2, Dv]
     vbar, out = read[..., 0, :], read[..., 1, :]
     u = (v - vbar).mul_(beta.unsqueeze(-1))  # pseudo-value beta (v - vbar)
@@ -69,7 +70,7 @@ def factored_length_limit(D, Dv):
 
 
 @torch.no_grad()
-def factored_step(keys, writes, q, k, v, beta=None, decay=None, dtype=torch.float32):
+def factored_step(keys, writes, q, k, v, beta=None, log_decay=None, dtype=torch.float32):
     """One token of the sum rule (beta None) or the delta rule with W = writes^T keys.
 
     keys ``[B, H, t, D]`` and writes ``[B, H, t, Dv]`` (None before the first
@@ -80,8 +81,8 @@ def factored_step(keys, writes, q, k, v, beta=None, decay=None, dtype=torch.floa
     A decay scales every earlier write first (a W_{t-1} = (a writes)^T keys).
     """
     q, k, v = (x.to(dtype) for x in (q, k, v))
-    if decay is not None and writes is not None:
-        writes = writes * decay.to(dtype).unsqueeze(-1).unsqueeze(-1)
+    if log_decay is not None and writes is not None:
+        writes = writes * log_decay.to(dtype).exp().unsqueeze(-1).unsqueeze(-1)
     u = v
     out = torch.zeros_like(v)
     if keys is not None:

@@ -14,6 +14,7 @@ the autocast dtype; that is also the output's dtype (_compute_dtype).
 import torch
 
 from . import chunked, cuda, fla, reference
+from .decay import run_with_decay
 from .errors import BackendUnavailableError
 from .validation import check_inputs
 
@@ -89,92 +90,105 @@ def _compute_dtype(tensors):
     return dtype
 
 
-def _prepare(q, k, v, beta, state, decay, backend):
-    """Checks the inputs and picks the backend. Returns (backend, [q, k, v, beta] in the dtype
-    it computes in, the state and the decay in the accumulation dtype (or None), the output dtype)."""
-    check_inputs(q, k, v, beta, state, decay)
+def _prepare(q, k, v, beta, state, log_decay, backend):
+    """Picks the backend. Returns (backend, [q, k, v, beta] in the dtype it computes in, the state and
+    log_decay in the accumulation dtype (or None), the output dtype)."""
     dtype = _compute_dtype([q, k, v, beta])
     gated = None
-    if decay is not None:
+    if log_decay is not None:
         needs_grad = torch.is_grad_enabled() and any(
-            x is not None and x.requires_grad for x in (q, k, v, beta, state, decay))
+            x is not None and x.requires_grad for x in (q, k, v, beta, state, log_decay))
         gated = fla.GatedUse(delta=beta is not None, needs_grad=needs_grad)
     name = resolve_backend(backend, q.to(dtype), v.shape[-1], gated)
     acc = accumulation_dtype(dtype)
     computed = dtype if name in _READS_HALF_TYPES else acc
     inputs = [None if x is None else x.to(dtype).to(computed) for x in (q, k, v, beta)]
-    state, decay = (None if x is None else x.to(acc) for x in (state, decay))
-    return name, inputs, state, decay, dtype
+    state, log_decay = (None if x is None else x.to(acc) for x in (state, log_decay))
+    return name, inputs, state, log_decay, dtype
 
 
 def _zero_state(k, v, dtype):
     return k.new_zeros(*k.shape[:2], v.shape[-1], k.shape[-1], dtype=accumulation_dtype(dtype))
 
 
-def _gated(decay):
-    """The decay as a keyword for the backends that take one; nothing for the paper's rules."""
-    return {} if decay is None else {"decay": decay}
+def _gated(log_decay, name):
+    """The gate as a keyword for the backends: the reference loops multiply by a_t itself, the others
+    take its log; nothing for the paper's rules."""
+    if log_decay is None:
+        return {}
+    return {"decay": log_decay.exp()} if name == "reference" else {"log_decay": log_decay}
 
 
-def _run(rule_index, q, k, v, beta, state, decay, backend):
-    name, (q, k, v, beta), state, decay, dtype = _prepare(q, k, v, beta, state, decay, backend)
+def _run(rule_index, q, k, v, beta, state, log_decay, backend):
+    name, (q, k, v, beta), state, log_decay, dtype = _prepare(q, k, v, beta, state, log_decay, backend)
     if q.shape[2] == 0:
         return v.new_zeros(v.shape, dtype=dtype), _zero_state(k, v, dtype) if state is None else state
     betas = () if beta is None else (beta,)
     with torch.autocast(q.device.type, enabled=False):  # the backends choose their own precision
-        out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state, **_gated(decay))
+        out, W = _IMPLEMENTATIONS[name][rule_index](q, k, v, *betas, state, **_gated(log_decay, name))
     return out.to(dtype), W
 
 
-def _run_state(rule_index, k, v, beta, state, decay, backend):
-    name, (_, k, v, beta), state, decay, dtype = _prepare(k, k, v, beta, state, decay, backend)
+def _run_state(rule_index, q, k, v, beta, state, log_decay, backend):
+    """As _run, the final state only (q is not read)."""
+    name, (_, k, v, beta), state, log_decay, dtype = _prepare(k, k, v, beta, state, log_decay, backend)
     if k.shape[2] == 0:
         return _zero_state(k, v, dtype) if state is None else state
     betas = () if beta is None else (beta,)
     with torch.autocast(k.device.type, enabled=False):
-        return _STATE_IMPLEMENTATIONS[name][rule_index](k, v, *betas, state, **_gated(decay))
+        return _STATE_IMPLEMENTATIONS[name][rule_index](k, v, *betas, state, **_gated(log_decay, name))
 
 
-def fast_weight_sum_state(k, v, state=None, *, decay=None, backend="auto"):
+def _checked_call(run, rule_index, q, k, v, beta, state, decay, log_decay, backend):
+    """Checks the inputs, then run(...) with the gate as its log (decay.py: exact gradients at a = 0)."""
+    check_inputs(q, k, v, beta, state, decay, log_decay)
+    if decay is None:
+        return run(rule_index, q, k, v, beta, state, log_decay, backend)
+    decay = decay.to(accumulation_dtype(_compute_dtype([q, k, v, beta])))
+    return run_with_decay(lambda log, *tensors: run(rule_index, *tensors, log, backend), decay, (q, k, v, beta, state))
+
+
+def fast_weight_sum_state(k, v, state=None, *, decay=None, log_decay=None, backend="auto"):
     """The sum rule's final fast weight alone (Eq. 17): W_T = W_0 + sum_t v_t k_t^T.
 
     For memories that are written first and read later (the paper's
     synthetic retrieval, or a prompt carried into decoding): no per-step
     outputs are computed. Arguments and gradients as fast_weight_sum.
     """
-    return _run_state(0, k, v, None, state, decay, backend)
+    return _checked_call(_run_state, 0, k, k, v, None, state, decay, log_decay, backend)
 
 
-def fast_weight_delta_state(k, v, beta, state=None, *, decay=None, backend="auto"):
+def fast_weight_delta_state(k, v, beta, state=None, *, decay=None, log_decay=None, backend="auto"):
     """The delta rule's final fast weight alone (Eqs. 20, 24); see fast_weight_sum_state."""
-    return _run_state(1, k, v, beta, state, decay, backend)
+    return _checked_call(_run_state, 1, k, k, v, beta, state, decay, log_decay, backend)
 
 
-def fast_weight_sum(q, k, v, state=None, *, decay=None, backend="auto"):
+def fast_weight_sum(q, k, v, state=None, *, decay=None, log_decay=None, backend="auto"):
     """Sum-rule fast weights (Eq. 17, Eq. 11).
 
     W_t = W_{t-1} + v_t k_t^T;  out_t = W_t q_t.
-    With ``decay`` ``[B, H, T]`` (a_t in (0, 1]): W_t = a_t W_{t-1} + v_t k_t^T
+    With ``decay`` ``[B, H, T]`` (a_t in [0, 1]; 0 is a full forget): W_t = a_t W_{t-1} + v_t k_t^T
     (the gated sum rule); None means 1 everywhere, the paper's rule.
 
     Args:
         q, k: ``[B, H, T, D]`` feature-mapped queries and keys.
         v: ``[B, H, T, Dv]`` values.
         state: initial fast weight W ``[B, H, Dv, D]``, or None for zeros.
-        decay: ``[B, H, T]`` in (0, 1], or None.
+        decay: ``[B, H, T]`` in [0, 1] (0: a full forget), or None.
+        log_decay: the same as its log, ``[B, H, T]`` in [-inf, 0] (what gates produce); give one of the two.
         backend: one of ``BACKENDS``.
     Returns:
         ``(out [B, H, T, Dv], W_T [B, H, Dv, D])``. Gradients flow to q, k, v,
-        the decay and the initial state.
+        the decay (or its log) and the initial state, exactly also where a_t = 0 (decay.py).
 
     Activation memory kept for backward: ``reference`` one ``Dv x D`` state per
     step (testing only); ``chunked`` only the inputs; ``cuda`` the inputs and
     one ``Dv x D`` state per 16 steps.
     """
-    return _run(0, q, k, v, None, state, decay, backend)
+    return _checked_call(_run, 0, q, k, v, None, state, decay, log_decay, backend)
 
 
-def fast_weight_delta(q, k, v, beta, state=None, *, decay=None, backend="auto"):
+def fast_weight_delta(q, k, v, beta, state=None, *, decay=None, log_decay=None, backend="auto"):
     """Delta-rule fast weights (Eqs. 20, 24, 25).
 
     vbar_t = W_{t-1} k_t;  W_t = W_{t-1} + beta_t (v_t - vbar_t) k_t^T;
@@ -187,11 +201,11 @@ def fast_weight_delta(q, k, v, beta, state=None, *, decay=None, backend="auto"):
         v: ``[B, H, T, Dv]`` values.
         beta: ``[B, H, T]`` write strengths in (0, 1).
         state: initial fast weight W ``[B, H, Dv, D]``, or None for zeros.
-        decay: ``[B, H, T]`` in (0, 1], or None.
+        decay, log_decay: as in fast_weight_sum.
         backend: one of ``BACKENDS``.
     Returns:
         ``(out [B, H, T, Dv], W_T [B, H, Dv, D])``. Gradients flow to q, k, v,
-        beta, the decay and the initial state.
+        beta, the decay (or its log) and the initial state.
 
     The recurrence is stable when ``beta_t * |k_t|^2 <= 2`` (e.g. sum-normalised
     non-negative keys, as the paper uses).
@@ -203,4 +217,4 @@ def fast_weight_delta(q, k, v, beta, state=None, *, decay=None, backend="auto"):
     inputs, one ``Dv x D`` state per 16 steps and the pseudo-values
     ``beta_t (v_t - vbar_t)`` (the size of v).
     """
-    return _run(1, q, k, v, beta, state, decay, backend)
+    return _checked_call(_run, 1, q, k, v, beta, state, decay, log_decay, backend)

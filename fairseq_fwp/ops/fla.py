@@ -32,6 +32,9 @@ import torch
 from .errors import BackendUnavailableError
 
 MAX_FEATURES = 256  # chunk_delta_rule's largest head size
+# fla's g for a full forget (log a = -inf): exp of it is exactly 0 in float32 (below 2^-149), and no
+# difference of two -infs is ever formed inside the kernels.
+LOG_FULL_FORGET = -110.0
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # What a gated call needs of the kernels: the delta rule? gradients?
@@ -126,32 +129,32 @@ def _initial_state(state, inputs):
     return initial
 
 
-def _run(rule, q, k, v, beta, state, decay):
+def _run(rule, q, k, v, beta, state, log_decay):
     to_fla = lambda x: x.transpose(1, 2)  # noqa: E731  [B, H, T, ...] <-> [B, T, H, ...]
     options = {} if beta is None else {"beta": to_fla(beta)}
-    if decay is not None:  # fla takes the gate in log space
-        rule, options["g"] = "gated-" + rule, to_fla(decay.log())
+    if log_decay is not None:  # fla's g is log a
+        rule, options["g"] = "gated-" + rule, to_fla(log_decay.clamp_min(LOG_FULL_FORGET))
     kernel = kernels()[rule, kernel_form(q.dtype, q.shape[2])]
-    initial = _initial_state(state, [x for x in (q, k, v, beta, decay) if x is not None])
+    initial = _initial_state(state, [x for x in (q, k, v, beta, log_decay) if x is not None])
     out, final = kernel(to_fla(q), to_fla(k), to_fla(v), scale=1.0, initial_state=initial, output_final_state=True,
                         **options)
     return to_fla(out), final.transpose(-1, -2)
 
 
-def fast_weight_sum_fla(q, k, v, state, decay=None):
-    """Sum rule (Eq. 17; gated with decay); ``state`` W ``[B, H, Dv, D]`` in float32, or None for zeros."""
-    return _run("sum", q, k, v, None, state, decay)
+def fast_weight_sum_fla(q, k, v, state, log_decay=None):
+    """Sum rule (Eq. 17; gated with log_decay); ``state`` W ``[B, H, Dv, D]`` in float32, or None for zeros."""
+    return _run("sum", q, k, v, None, state, log_decay)
 
 
-def fast_weight_delta_fla(q, k, v, beta, state, decay=None):
-    """Delta rule (Eqs. 20, 24, 25; gated with decay); see fast_weight_sum_fla."""
-    return _run("delta", q, k, v, beta, state, decay)
+def fast_weight_delta_fla(q, k, v, beta, state, log_decay=None):
+    """Delta rule (Eqs. 20, 24, 25; gated with log_decay); see fast_weight_sum_fla."""
+    return _run("delta", q, k, v, beta, state, log_decay)
 
 
 # fla has no state-only kernels: the full ones, with the keys as queries and the outputs dropped.
-def fast_weight_sum_state_fla(k, v, state, decay=None):
-    return fast_weight_sum_fla(k, k, v, state, decay)[1]
+def fast_weight_sum_state_fla(k, v, state, log_decay=None):
+    return fast_weight_sum_fla(k, k, v, state, log_decay)[1]
 
 
-def fast_weight_delta_state_fla(k, v, beta, state, decay=None):
-    return fast_weight_delta_fla(k, k, v, beta, state, decay)[1]
+def fast_weight_delta_state_fla(k, v, beta, state, log_decay=None):
+    return fast_weight_delta_fla(k, k, v, beta, state, log_decay)[1]

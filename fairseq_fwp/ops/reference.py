@@ -7,7 +7,7 @@ time step at a time, and let autograd do the backward pass.
 Layouts: q, k ``[B, H, T, D]``, v ``[B, H, T, Dv]``, beta ``[B, H, T]``,
 fast weight W ``[B, H, Dv, D]`` (read as ``W @ phi(q)``).
 
-``decay`` ``[B, H, T]`` (a_t in (0, 1], or None for 1) gives the gated rules
+``decay`` ``[B, H, T]`` (a_t in [0, 1], or None for 1) gives the gated rules
 (Gated DeltaNet, Yang et al., ICLR 2025): before step t writes, the memory
 is scaled by a_t, so the gated sum rule is W_t = a_t W_{t-1} + v_t k_t^T and
 the gated delta rule retrieves vbar_t = a_t W_{t-1} k_t and writes

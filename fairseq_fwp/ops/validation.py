@@ -24,7 +24,7 @@ def _check_tensor(name, x, expected_shape, ref):
         raise ValueError(f"{name} is on {x.device}, but q is on {ref.device}")
 
 
-def check_inputs(q, k, v, beta=None, state=None, decay=None):
+def check_inputs(q, k, v, beta=None, state=None, decay=None, log_decay=None):
     """Validate the contract layouts (any mix of floating dtypes); returns (B, H, T, D, Dv)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         shape = _describe(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
@@ -38,6 +38,9 @@ def check_inputs(q, k, v, beta=None, state=None, decay=None):
         _check_tensor("beta", beta, (B, H, T), q)
     if state is not None:
         _check_tensor("state", state, (B, H, Dv, D), q)
-    if decay is not None:
-        _check_tensor("decay", decay, (B, H, T), q)
+    if decay is not None and log_decay is not None:
+        raise ValueError("give decay or log_decay, not both")
+    for name, gate in (("decay", decay), ("log_decay", log_decay)):
+        if gate is not None:
+            _check_tensor(name, gate, (B, H, T), q)
     return B, H, T, D, Dv
