@@ -10,10 +10,16 @@ Everything after ``--`` is what fairseq-train will be given: the fast-weight
 model is built from it, every parameter it shares with the softmax checkpoint
 (embeddings, projections, feed-forward layers, norms: the same names in both)
 is copied, and the new ones (the delta rule's beta projection, decay and
-output gates, short convolutions, random features) keep their initialisation,
-which starts the gates near their ungated behaviour. A parameter whose shape
+output gates, short convolutions, random features) are initialised afresh:
+decay gates at a_t = exp(-1e-4) and short convolutions as identities
+(FastWeightAttention.start_as_ungated), so that the converted model starts
+as its softmax source's nearest fast-weight twin; the output gate's RMS norm
+has no such setting. A parameter whose shape
 differs, or a softmax parameter the fast-weight model has no place for, stops
-the conversion with its name. The converted file is a complete fairseq
+the conversion with its name, and so does every model option that makes the
+two compute differently although the shapes agree (COMPUTATION_FIELDS: heads,
+layers, widths, normalize-before, layernorm-embedding, embedding scale,
+positions, shared embeddings). The converted file is a complete fairseq
 checkpoint: fairseq-generate and fairseq-eval-lm score it as it is (the
 quality before any update), and ``--finetune-from-model`` starts training
 from it with fresh optimizer, learning-rate schedule, meters and data
@@ -31,11 +37,37 @@ import sys
 import torch
 
 from .attention_transfer import DEFAULT_LR
+from .modules.fast_weight_attention import FastWeightAttention
 
 logger = logging.getLogger("fairseq_fwp.uptrain")
 # State-dict entries that are not parameters: fairseq's version stamps and the
 # sinusoidal positions' placeholder; a fast-weight model may do without them.
 NOT_PARAMETERS = ("version", "_float_tensor")
+# The model options that define what a Transformer computes (beyond its attention), as fairseq names
+# them: two models that differ in one of them are different models, even where every parameter has
+# the same shape (2 or 4 heads over the same projections; pre- or post-norm layers).
+COMPUTATION_FIELDS = (
+    "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+    "encoder_embed_dim", "decoder_embed_dim", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
+    "decoder_input_dim", "decoder_output_dim", "activation_fn",
+    "encoder_normalize_before", "decoder_normalize_before", "no_decoder_final_norm", "layernorm_embedding",
+    "no_scale_embedding", "no_token_positional_embeddings", "encoder_learned_pos", "decoder_learned_pos",
+    "share_all_embeddings", "share_decoder_input_output_embed", "adaptive_input", "adaptive_softmax_cutoff",
+    "tie_adaptive_weights", "cross_self_attention", "no_cross_attention",
+)
+
+
+def computation_differences(source, target):
+    """``name: softmax X, fast-weight Y`` for every COMPUTATION_FIELDS option the two model configs set
+    differently (options one of them lacks are skipped; unset counts as off)."""
+    def value(cfg, name):
+        x = getattr(cfg, name, None)
+        return False if x is None else str(x) if not isinstance(x, (bool, int, float)) else x
+
+    missing = object()
+    return [f"{name}: softmax {value(source, name)}, fast-weight {value(target, name)}" for name in COMPUTATION_FIELDS
+            if getattr(source, name, missing) is not missing and getattr(target, name, missing) is not missing
+            and value(source, name) != value(target, name)]
 
 
 def transfer(source, target):
@@ -75,10 +107,18 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
     cfg = convert_namespace_to_omegaconf(args)
     torch.manual_seed(cfg.common.seed)  # the new parameters' initialisation, as fairseq-train would draw it
     task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
+    model = task.build_model(cfg.model)  # builders settle some options (the LM's positions): compare after
     checkpoint = checkpoint_utils.load_checkpoint_to_cpu(softmax_checkpoint)
+    differences = computation_differences(checkpoint["cfg"]["model"], cfg.model)
+    if differences:
+        hint = " (fwp_transformer_lm: --fwp-positions on)" if any("positional" in d for d in differences) else ""
+        raise ValueError("the fast-weight model would compute differently from the softmax checkpoint beyond its "
+                         f"attention; give the softmax model's options after --{hint}:\n  " + "\n  ".join(differences))
     state, fresh = transfer(checkpoint["model"], model.state_dict())
     model.load_state_dict(state, strict=True)  # the target's own check that nothing is missing
+    for attention in model.modules():
+        if isinstance(attention, FastWeightAttention):
+            attention.start_as_ungated()
     if transfer_steps:
         transfer_attention(softmax_checkpoint, model, task, cfg, transfer_steps, transfer_lr)
     # a model at update 0: no optimizer state, no position in an epoch

@@ -187,3 +187,30 @@ def test_training_where_the_gate_forgets_fully_stays_finite(form):
     loss.backward()
     assert math.isfinite(loss.item())
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("build, counts", [(build_translation_model, "2 encoder layers and 2 decoder layers"),
+                                           (build_lm_model, "2 decoder layers")])
+def test_softmax_layers_the_model_does_not_have_are_refused(build, counts):
+    with pytest.raises(ValueError, match=rf"--fwp-softmax-layers 1,5: layer 5 does not exist \(the model has {counts}"):
+        build("--fwp-softmax-layers", "1,5")
+
+
+@pytest.mark.parametrize("form", ["mamba2", "logsigmoid"])
+def test_started_as_ungated_the_gate_and_convolution_change_almost_nothing(form):
+    """What uptraining relies on: a layer with a decay gate and short convolutions, started as ungated,
+    computes what the same layer without them computes (the decay costs 1e-4 per step)."""
+    torch.manual_seed(0)
+    plain = FastWeightAttention(32, 2, update_rule="delta").eval()
+    gated = FastWeightAttention(32, 2, update_rule="gated-delta", decay_form=form, short_conv=4).eval()
+    gated.load_state_dict(plain.state_dict(), strict=False)
+    x = torch.randn(40, 3, 32)
+    with torch.no_grad():
+        want = plain(x, x, x)[0]
+        changed = (gated(x, x, x)[0] - want).norm() / want.norm()
+        gated.start_as_ungated()
+        log_a = gated.decay_gate(x)
+        got = gated(x, x, x)[0]
+    assert changed > 0.05  # as initialised for training from scratch, the new parts change the layer
+    torch.testing.assert_close(log_a, torch.full_like(log_a, -1e-4), rtol=1e-3, atol=0)
+    assert (got - want).norm() / want.norm() < 3e-3  # 40 steps: writes are 20 steps old on average

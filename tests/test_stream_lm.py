@@ -221,3 +221,48 @@ def test_random_stream_offsets_move_training_streams_per_epoch(lm_data):
     assert torch.equal(first[first.ne(pad)].sort().values, second[second.ne(pad)].sort().values)
     assert torch.equal(epoch_targets("train", 2), second)  # reproducible from (seed, epoch)
     assert torch.equal(epoch_targets("valid", 1), epoch_targets("valid", 2))  # validation never moves
+
+
+def test_a_run_resumed_mid_epoch_equals_the_run_that_never_stopped(tmp_path):
+    """16 updates in one run against 8, a stop and a resume, in the second of about three epochs: the
+    same FAVOR+ features (drawn per epoch), the same carried states (checkpointed with the model) and
+    the same stream offsets, so the same losses and the same final model."""
+    _, raw = write_corpora(tmp_path / "raw", n_train=40, n_eval=10, seed=3)  # 7 segments of 4 streams per epoch
+    preprocess_lm(raw, tmp_path / "bin")
+    flags = ["--fwp-feature-map", "performer", "--fwp-stream-offset", "random"]
+
+    def run(save_dir, updates):
+        log = train_lm(tmp_path / "bin", save_dir, *flags, max_update=updates, tokens_per_sample=16,
+                       task="fwp_stream_lm")
+        return {int(n): float(loss) for loss, n in re.findall(r"train_inner \| .*? loss=([0-9.]+),.*?num_updates=(\d+)",
+                                                              log)}
+
+    whole = run(tmp_path / "whole", 16)
+    first = run(tmp_path / "stopped", 8)
+    resumed = run(tmp_path / "stopped", 16)  # checkpoint_last.pt of the stopped run
+    assert len(whole) == 16 and {**first, **resumed} == whole
+    final = [torch.load(path / "checkpoint_last.pt", weights_only=False)["model"]
+             for path in (tmp_path / "whole", tmp_path / "stopped")]
+    assert final[0].keys() == final[1].keys()
+    for name, value in final[0].items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(final[1][name], value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_checkpoints_with_and_without_carried_streams_load_either_way():
+    plain, d = build_lm_model()
+    carrying, _ = build_lm_model()
+    carry(carrying)
+    carrying.train()
+    start_segment(carrying, 0)
+    carrying(random_tokens(d, [6, 6], left_pad=False))
+    state = carrying.state_dict()
+    assert any(key.endswith("streams._extra_state") for key in state)
+    plain.load_state_dict(state)  # strict: the streams have no place in a model that carries none
+    fresh, _ = build_lm_model()
+    carry(fresh)
+    fresh.load_state_dict(plain.state_dict())  # strict: a model that carries starts its streams from zero
+    fresh.load_state_dict(state)
+    layer = fast_weight_layers(fresh)[0]
+    torch.testing.assert_close(layer.streams.last(True)["fast_weight"],
+                               fast_weight_layers(carrying)[0].streams.last(True)["fast_weight"])

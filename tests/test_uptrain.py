@@ -59,6 +59,21 @@ def test_a_converted_translation_model_generates_and_finetunes(softmax_translati
     assert updates == [1, 2, 3, 4]  # from update 0, with a fresh optimizer
 
 
+def test_added_gates_and_convolutions_start_as_ungated(softmax_translation, tmp_path):
+    root = softmax_translation
+    converted = tmp_path / "converted.pt"
+    convert(str(root / "softmax" / "checkpoint_last.pt"), str(converted),
+            [str(root / "bin"), "--user-dir", PLUGIN_DIR, *COMMON_TRAIN, *MT_MODEL, "--fwp-feature-map", "dpfp",
+             "--fwp-update-rule", "gated-delta", "--fwp-short-conv", "3"])
+    ours = torch.load(converted, weights_only=False)["model"]
+    conv = ours["decoder.layers.0.self_attn.convolutions.k.weight"]
+    assert torch.equal(conv[:, 0, -1], torch.ones(conv.shape[0])) and not conv[:, 0, :-1].any()
+    A = ours["decoder.layers.0.self_attn.decay_gate.A_log"].exp()
+    dt = torch.nn.functional.softplus(ours["decoder.layers.0.self_attn.decay_gate.dt_bias"])
+    torch.testing.assert_close(A * dt, torch.full_like(A, 1e-4))  # log a = -1e-4 for every input
+    assert not ours["decoder.layers.0.self_attn.decay_gate.proj.weight"].any()
+
+
 def test_attention_transfer_before_saving_trains_the_attentions_only(softmax_translation, tmp_path, caplog):
     root = softmax_translation
     converted = tmp_path / "transferred.pt"
@@ -93,9 +108,10 @@ def test_a_converted_language_model_and_shapes_that_differ(tmp_path):
     output = fairseq("eval-lm", tmp_path / "bin", "--user-dir", PLUGIN_DIR, "--path", tmp_path / "delta.pt",
                      "--gen-subset", "test", "--tokens-per-sample", 32)
     assert re.search(r"Perplexity: [0-9.]+", output)
-    with pytest.raises(ValueError, match="no place for these softmax parameters: decoder.embed_positions.weight"):
+    with pytest.raises(ValueError, match=r"--fwp-positions on\):\n  no_token_positional_embeddings: softmax False, "
+                                         "fast-weight True"):
         convert(source, str(tmp_path / "x.pt"), base)  # the Delta Net's default: no positions
-    with pytest.raises(ValueError, match="parameter decoder.layers.0.fc1.weight"):
+    with pytest.raises(ValueError, match="decoder_ffn_embed_dim: softmax 128, fast-weight 64"):
         convert(source, str(tmp_path / "x.pt"), base + ["--fwp-positions", "on", "--decoder-learned-pos",
                                                         "--decoder-ffn-embed-dim", "64"])
 
@@ -190,3 +206,20 @@ def test_distillation_without_a_teacher_is_refused(softmax_translation):
     cfg.task.data = str(softmax_translation / "bin")
     with pytest.raises(ValueError, match="--criterion fwp_distillation needs --teacher-checkpoint"):
         tasks.setup_task(cfg.task).build_criterion(cfg.criterion)
+
+
+def test_a_model_that_computes_differently_is_refused_naming_every_difference(softmax_translation, tmp_path):
+    """Projections of 2 and 4 heads have the same shapes, and so do pre- and post-norm layers: shapes alone
+    would convert them silently into another model."""
+    root = softmax_translation
+    source = str(root / "softmax" / "checkpoint_last.pt")
+    base = [str(root / "bin"), "--user-dir", PLUGIN_DIR, *map(str, COMMON_TRAIN + MT_MODEL + DPFP_DELTA)]
+    with pytest.raises(ValueError) as refused:
+        convert(source, str(tmp_path / "x.pt"), base + ["--encoder-attention-heads", "2", "--decoder-attention-heads",
+                                                        "2", "--encoder-normalize-before"])
+    message = str(refused.value)
+    for difference in ("encoder_attention_heads: softmax 4, fast-weight 2",
+                       "decoder_attention_heads: softmax 4, fast-weight 2",
+                       "encoder_normalize_before: softmax False, fast-weight True"):
+        assert difference in message, message
+    assert not (tmp_path / "x.pt").exists()

@@ -111,6 +111,21 @@ def add_fwp_args(parser):
     tighten_arg_types(parser)
 
 
+def check_softmax_layers(fwp, layers):
+    """--fwp-softmax-layers names only layers the model has; layers: {stack name: its layer count}.
+
+    An index any stack has is kept (stacks may differ in depth); one that no stack has would leave a
+    model without the softmax layer the flag asked for.
+    """
+    from ..modules.transformer_layers import softmax_layers
+
+    for index in sorted(softmax_layers(fwp)):
+        if all(index >= count for count in layers.values()):
+            stacks = " and ".join(f"{count} {name} layers" for name, count in layers.items())
+            raise ValueError(f"--fwp-softmax-layers {fwp.fwp_softmax_layers}: layer {index} does not exist "
+                             f"(the model has {stacks}, counted from 0)")
+
+
 def set_fwp_defaults(args, **overrides):
     """Fill unset --fwp-* values: first the arch's overrides, then the dataclass defaults."""
     for name, f in FastWeightConfig.__dataclass_fields__.items():

@@ -5,7 +5,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture, tra
 
 from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder, FastWeightTransformerEncoder
-from .fwp_config import add_fwp_args, fast_weight_options, set_fwp_defaults
+from .fwp_config import add_fwp_args, check_softmax_layers, fast_weight_options, set_fwp_defaults
 
 
 @register_model("fwp_transformer")
@@ -21,6 +21,11 @@ class FastWeightTransformerModel(TransformerModel):
         if self.training:
             start_training_step(self)  # random features: once per model forward, not per layer call
         return super().forward(*args, **kwargs)
+
+    @classmethod
+    def build_model(cls, args, task):
+        check_softmax_layers(args, {"encoder": args.encoder_layers, "decoder": args.decoder_layers})
+        return super().build_model(args, task)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

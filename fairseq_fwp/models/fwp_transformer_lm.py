@@ -12,7 +12,8 @@ from fairseq.models.transformer_lm import (
 
 from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder
-from .fwp_config import ON_OFF, FastWeightConfig, fast_weight_options, set_fwp_defaults, tighten_arg_types
+from .fwp_config import (ON_OFF, FastWeightConfig, check_softmax_layers, fast_weight_options, set_fwp_defaults,
+                         tighten_arg_types)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
+        check_softmax_layers(args, {"decoder": args.decoder_layers})
         if args.fwp_positions == "off":
             args.no_token_positional_embeddings = True
         # fairseq's LM builder hard-codes its own decoder class; let it resolve

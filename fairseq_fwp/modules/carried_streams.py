@@ -11,11 +11,18 @@ position decides where the segment starts (see there). Every forward within
 one segment starts from the same state, which keeps fairseq's
 ``--checkpoint-activations`` (a second forward per layer in the backward
 pass) exact.
+
+The training stream is part of the model's state dict (as the module's extra
+state), so a checkpoint written in the middle of an epoch resumes its
+streams where they were. A checkpoint without it (written without carry-over)
+loads too: its streams start from zero.
 """
+import torch.nn as nn
 
 
-class CarriedStreams:
+class CarriedStreams(nn.Module):
     def __init__(self):
+        super().__init__()
         self._streams = {}
 
     def start_segment(self, position, training):
@@ -24,8 +31,7 @@ class CarriedStreams:
         Position 0 starts from zero; the position after the previous one
         starts from the state the previous one ended with; the previous
         position again (a retried update) starts where it started before; any
-        other position (a run resumed in the middle of an epoch) starts from
-        zero.
+        other position starts from zero.
         """
         stream = self._streams.get(training)
         if stream is not None and position == stream["position"]:
@@ -36,10 +42,11 @@ class CarriedStreams:
             start = {}
         self._streams[training] = {"position": position, "start": start, "end": start}
 
-    def start(self, training, batch_size):
-        """A copy of the state the current segment starts from ({} for zeros)."""
+    def start(self, training, batch_size, device):
+        """A copy of the state the current segment starts from ({} for zeros), on `device`."""
         stream = self._streams.get(training)
-        state = {} if stream is None else dict(stream["start"])
+        state = {} if stream is None else {name: None if value is None else value.to(device)
+                                           for name, value in stream["start"].items()}
         W = state.get("fast_weight")
         if W is not None and W.shape[0] != batch_size:
             raise RuntimeError(
@@ -57,3 +64,18 @@ class CarriedStreams:
         stream = self._streams.get(training)
         if stream is not None:
             stream["end"] = {name: None if value is None else value.detach() for name, value in state.items()}
+
+    # -- checkpoints: the training stream ------------------------------------------------
+
+    def get_extra_state(self):
+        return self._streams.get(True, {})
+
+    def set_extra_state(self, state):
+        if state:
+            self._streams[True] = state
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint written without carry-over has no streams: they start from zero.
+        state = state_dict.get(prefix + "_extra_state")
+        if state is not None:
+            self.set_extra_state(state)

@@ -97,6 +97,16 @@ class FastWeightAttention(nn.Module):
         self.feature_map = build_feature_map(feature_map, self.head_dim, **(feature_map_options or {}))
         self.reset_parameters()
 
+    def start_as_ungated(self):
+        """The decay gate at a_t = exp(-1e-4) and the short convolutions as identities: the layer computes
+        (almost exactly) what the same layer without them computes. For uptraining, whose converted model
+        should start as the softmax model's nearest fast-weight twin. The output gate has no such setting
+        (its RMS norm rescales every head's output)."""
+        if self.decay_gate is not None:
+            self.decay_gate.start_near_one()
+        for convolution in (self.convolutions or {}).values():
+            convolution.start_as_identity()
+
     def reset_parameters(self):
         # As fairseq's MultiheadAttention, so that only the attention differs.
         for proj in (self.q_proj, self.k_proj, self.v_proj):
@@ -159,7 +169,7 @@ class FastWeightAttention(nn.Module):
         if incremental_state is not None:
             state = self._get_input_buffer(incremental_state)  # advanced in place
         else:
-            state = self.streams.start(self.training, B) if self.streams is not None else {}
+            state = self.streams.start(self.training, B, x.device) if self.streams is not None else {}
         keep = None if key_padding_mask is None else ~key_padding_mask  # [B, T]: positions that write
         q, k, v = self._causal_features(x, keep, state)
         beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0) if self.delta else None  # [B, H, T]
@@ -242,6 +252,14 @@ class FastWeightAttention(nn.Module):
     def start_segment(self, position, training):
         """Before the segment at `position` of the training or evaluation streams (CarriedStreams)."""
         self.streams.start_segment(position, training)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint trained with carried streams loads into a model that carries none (evaluated
+        # without carry-over, or finetuned on another task): their state has no place here.
+        if self.streams is None:
+            for key in [key for key in state_dict if key.startswith(prefix + "streams.")]:
+                del state_dict[key]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- non-causal ------------------------------------------------------------
 

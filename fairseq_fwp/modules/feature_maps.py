@@ -1,11 +1,14 @@
 """Feature maps phi: R^d -> R^D applied per head to queries and keys.
 
 One small interface (after fast-transformers): ``forward(x)`` maps the last
-dimension from ``head_dim`` to ``out_dim``, and ``training_step()`` is called
+dimension from ``head_dim`` to ``out_dim``; ``training_step()`` is called
 once per training forward of the whole model (``start_training_step``) so
-that random maps can redraw their features on their schedule (a no-op for
-deterministic maps). Queries and keys of one forward share the same
-features. The attention layer only asks for phi and ``out_dim``.
+that random maps can redraw their features on their schedule; and
+``fix_features(draw)`` holds them at one numbered draw instead (a state
+carried across segments is only meaningful in the features it was written
+with). Both are no-ops for deterministic maps. Queries and keys of one
+forward share the same features. The attention layer only asks for phi and
+``out_dim``.
 
 Why per model forward and not per attention call: fairseq's
 ``--checkpoint-activations`` runs every layer's forward a second time in the
@@ -49,6 +52,10 @@ class FeatureMap(nn.Module):
 
     def training_step(self):
         """Called once before every training forward of the model; deterministic maps ignore it."""
+
+    def fix_features(self, draw):
+        """Use the features of draw number `draw` (0: those of initialisation) from now on, and stop
+        redrawing them per training step; deterministic maps ignore it."""
 
 
 def start_training_step(model):
@@ -154,9 +161,18 @@ class PerformerFeatureMap(FeatureMap):
     @torch.no_grad()
     def redraw(self):
         """Draw a new orthogonal random projection (deterministic given seed and count)."""
-        gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + int(self.num_draws))
+        self._draw(int(self.num_draws))
+
+    @torch.no_grad()
+    def _draw(self, number):
+        """Draw number `number` of this map's sequence (a generator seeded with (seed, number))."""
+        gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + number)
         self.projection.copy_(orthogonal_gaussian(self.head_dim, self.num_features, gen))
-        self.num_draws += 1
+        self.num_draws.fill_(number + 1)
+
+    def fix_features(self, draw):
+        self.redraw_interval = 0
+        self._draw(draw)
 
     @torch.no_grad()
     def training_step(self):

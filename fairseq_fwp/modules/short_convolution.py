@@ -33,5 +33,12 @@ class ShortConvolution(nn.Module):
         y = F.conv1d(inputs, self.weight.to(x.dtype), self.bias.to(x.dtype), groups=C)
         return y.permute(2, 0, 1), inputs[:, :, -(self.kernel_size - 1):]
 
+    @torch.no_grad()
+    def start_as_identity(self):
+        """y_t = x_t: weight 1 on the current step, 0 on the earlier ones, no bias."""
+        self.weight.zero_()
+        self.weight[:, 0, -1] = 1
+        self.bias.zero_()
+
     def extra_repr(self):
         return f"channels={self.weight.shape[0]}, kernel_size={self.kernel_size}"

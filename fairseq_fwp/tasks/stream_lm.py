@@ -14,8 +14,10 @@ the position decides (FastWeightAttention.start_segment): segment 0 starts
 from zero, so every epoch, every validation subset and every evaluation
 starts its streams from zero; a segment seen again (a retried update, or
 the second forward of --checkpoint-activations) starts where it started
-before. The state is not part of a checkpoint: a run resumed in the middle
-of an epoch continues its streams from a zero state.
+before. The training streams' state is part of the model's checkpoint
+(modules/carried_streams.py), and the features are a function of the epoch,
+so a run resumed in the middle of an epoch continues exactly as the run that
+never stopped.
 
 `--fwp-stream-offset random` moves the streams from epoch to epoch: each
 training epoch reads the text from a random offset (wrapping around from the
@@ -25,8 +27,8 @@ the next. Validation and evaluation always read from the start.
 
 FAVOR+ with carry-over: the carried W is only meaningful in the feature
 space it was written in, so while streams are carried the random features
-stay fixed; they are redrawn at the start of every training epoch, when the
-training streams start from zero again.
+stay fixed; training epoch e uses draw number e - 1 (FeatureMap.fix_features),
+taken when the epoch begins, where the training streams start from zero.
 
 Every token of a split is a target exactly once: stream inputs are the tokens
 shifted right behind one </s>, so the first token of a stream is predicted
@@ -54,7 +56,6 @@ from omegaconf import II
 
 from ..models.fwp_config import ON_OFF
 from ..modules.fast_weight_attention import FastWeightAttention
-from ..modules.feature_maps import PerformerFeatureMap
 
 logger = logging.getLogger(__name__)
 
@@ -180,8 +181,7 @@ class StreamLanguageModelingTask(FairseqTask):
                 logger.warning("--fwp-carry-over on: the model has no causal fast-weight layer; nothing is carried")
             for layer in layers:
                 layer.enable_carry_over()
-                if isinstance(layer.feature_map, PerformerFeatureMap):
-                    layer.feature_map.redraw_interval = 0  # redrawn per epoch instead (begin_epoch)
+                layer.feature_map.fix_features(0)  # random features: one draw per epoch (begin_epoch)
             self._carrying_layers.extend(layers)  # eval-lm may build an ensemble: every model's layers
         return model
 
@@ -191,8 +191,9 @@ class StreamLanguageModelingTask(FairseqTask):
 
     def begin_epoch(self, epoch, model):
         for layer in self._carrying_layers:
-            if isinstance(layer.feature_map, PerformerFeatureMap) and epoch > 1:
-                layer.feature_map.redraw()  # the training streams start from zero: a new feature space is safe
+            # The training streams start from zero here: a new feature space is safe. A function of the
+            # epoch, so that a run resumed in the middle of one keeps the features its state was written in.
+            layer.feature_map.fix_features(epoch - 1)
 
     def train_step(self, sample, model, *args, **kwargs):
         self._start_segment(sample, training=True)
