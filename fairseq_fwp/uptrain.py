@@ -11,10 +11,12 @@ model is built from it, every parameter it shares with the softmax checkpoint
 (embeddings, projections, feed-forward layers, norms: the same names in both)
 is copied, and the new ones (the delta rule's beta projection, decay and
 output gates, short convolutions, random features) are initialised afresh:
-decay gates at a_t = exp(-1e-4) and short convolutions as identities
-(FastWeightAttention.start_as_ungated), so that the converted model starts
-as its softmax source's nearest fast-weight twin; the output gate's RMS norm
-has no such setting. A parameter whose shape
+by default (``--added-modules ungated``) decay gates at a_t = exp(-1e-4) and
+short convolutions as identities (FastWeightAttention.start_as_ungated), so
+that the converted model starts as its softmax source's nearest fast-weight
+twin; the output gate's RMS norm has no such setting. ``--added-modules
+fresh`` keeps them as initialised for training from scratch (Mamba-2's
+spread of decays, random convolutions). A parameter whose shape
 differs, or a softmax parameter the fast-weight model has no place for, stops
 the conversion with its name, and so does every model option that makes the
 two compute differently although the shapes agree (COMPUTATION_FIELDS: heads,
@@ -95,10 +97,16 @@ def transfer(source, target):
     return state, [name for name in target if name not in source]
 
 
-def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=DEFAULT_LR):
+ADDED_MODULES = ("ungated", "fresh")
+
+
+def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=DEFAULT_LR, added_modules="ungated"):
     """Build the model fairseq-train would build from train_argv, fill it from the softmax checkpoint,
-    train its attentions on the softmax ones for `transfer_steps` steps (attention_transfer.py), and save
-    a complete checkpoint of it at `out`. Returns the names that kept their initialisation."""
+    start its added gates and convolutions as ungated (or keep them fresh; ADDED_MODULES), train its
+    attentions on the softmax ones for `transfer_steps` steps (attention_transfer.py), and save a
+    complete checkpoint of it at `out`. Returns the names that were not copied."""
+    if added_modules not in ADDED_MODULES:
+        raise ValueError(f"added_modules must be one of {', '.join(ADDED_MODULES)}; got {added_modules!r}")
     from fairseq import checkpoint_utils, options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
@@ -117,7 +125,7 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
     state, fresh = transfer(checkpoint["model"], model.state_dict())
     model.load_state_dict(state, strict=True)  # the target's own check that nothing is missing
     for attention in model.modules():
-        if isinstance(attention, FastWeightAttention):
+        if isinstance(attention, FastWeightAttention) and added_modules == "ungated":
             attention.start_as_ungated()
     if transfer_steps:
         transfer_attention(softmax_checkpoint, model, task, cfg, transfer_steps, transfer_lr)
@@ -177,12 +185,15 @@ def main(argv=None):
                         help="train the converted attentions on the softmax ones for N steps first (default 0: none)")
     parser.add_argument("--attention-transfer-lr", type=float, default=DEFAULT_LR, metavar="LR",
                         help=f"the attention transfer's Adam learning rate (default {DEFAULT_LR})")
+    parser.add_argument("--added-modules", choices=ADDED_MODULES, default="ungated",
+                        help="decay gates and short convolutions the softmax model lacks: ungated (a_t = exp(-1e-4), "
+                             "identity convolutions; default) or fresh (as for training from scratch)")
     args = parser.parse_args(argv[:split])
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.attention_transfer_steps < 0:
         parser.error(f"--attention-transfer-steps must be >= 0, got {args.attention_transfer_steps}")
     fresh = convert(args.softmax_checkpoint, args.out, argv[split + 1:], args.attention_transfer_steps,
-                    args.attention_transfer_lr)
+                    args.attention_transfer_lr, args.added_modules)
     logger.info(f"wrote {args.out}; initialised afresh: {', '.join(fresh) if fresh else 'nothing'}; the softmax "
                 f"training had reached --lr {final_learning_rate(args.softmax_checkpoint)}")
 

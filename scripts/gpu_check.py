@@ -33,7 +33,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "examples", "quickstart"))
 
 import torch  # noqa: E402
 
@@ -167,9 +166,9 @@ def losses(log):
 
 def part_training(section, args):
     """Tiny translation and LM models, `updates` updates per precision; loss finite and falling."""
-    from fairseq_fwp.ops.fast_weight import resolve_backend
+    from fairseq_fwp.ops.backends import resolved_name
     from fairseq_fwp.synthetic_data import write_corpora
-    from pipeline import preprocess_lm, preprocess_translation, train_lm, train_translation
+    from fairseq_fwp.recipes.pipeline import preprocess_lm, preprocess_translation, train_lm, train_translation
 
     work = tempfile.mkdtemp(prefix="gpu_check_")
     mt_raw, lm_raw = write_corpora(os.path.join(work, "raw"), n_train=2000, n_eval=100)
@@ -193,7 +192,7 @@ def part_training(section, args):
                 section.add(f"| {name} | {launcher} | {precision} | | | | skipped: needs CUDA | |")
                 continue
             device = "cuda" if cuda() else "cpu"
-            backend = resolve_backend("auto", torch.zeros(1, 1, 2, 16, device=device, dtype=half[precision]), 16)
+            backend = resolved_name("auto", torch.zeros(1, 1, 2, 16, device=device, dtype=half[precision]), 16)
             start = time.time()
             try:
                 values = losses(train(os.path.join(work, re.sub(r"\W", "", name + precision)), precision))

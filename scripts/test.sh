@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# The test command: builds (or reuses) .venv, then runs the whole suite on CPU.
+# The test command: builds (or reuses) .venv, then runs the whole suite on the CPU, one pytest worker per
+# core (CI runs exactly this). --fast leaves out the end-to-end runs of the fairseq command-line tools
+# (the tests marked slow); other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-exec .venv/bin/python -m pytest -q tests "$@"
+select=()
+if [[ ${1:-} == --fast ]]; then
+  select=(-m "not slow")
+  shift
+fi
+exec .venv/bin/python -m pytest -q -n "$(nproc)" --dist worksteal "${select[@]}" tests "$@"

@@ -1,12 +1,11 @@
 import os
 import sys
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The repo (tests run without `pip install -e .`) and the quickstart pipeline.
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "examples", "quickstart"))
+sys.path.insert(0, ROOT)  # the repo: tests run without `pip install -e .`
 
 # Without a GPU, fla's Triton kernels run through Triton's CPU interpreter
 # (tests/test_fla_interpreted.py). Triton reads this when a kernel is defined,
@@ -15,3 +14,24 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "quickstart"))
 # ones in a process of their own.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Side by side (pytest-xdist, one worker per core: scripts/test.sh), every worker and every fairseq
+# command it starts computes on one thread: two workers of two threads on two cores wait on each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def corpora(tmp_path_factory):
+    """The built-in synthetic corpora (600 training pairs and lines, 43 of each evaluation split), written
+    and preprocessed once per session (per worker): {"mt": binarised translation, "lm": binarised LM,
+    "raw_mt": raw translation text, "raw_lm": raw LM text}."""
+    from fairseq_fwp.recipes.pipeline import preprocess_lm, preprocess_translation
+    from fairseq_fwp.synthetic_data import write_corpora
+
+    root = tmp_path_factory.mktemp("corpora")
+    raw_mt, raw_lm = write_corpora(root / "raw", n_train=600, n_eval=43, seed=3)
+    preprocess_translation(raw_mt, root / "mt")
+    preprocess_lm(raw_lm, root / "lm")
+    return {"mt": root / "mt", "lm": root / "lm", "raw_mt": raw_mt, "raw_lm": raw_lm}

@@ -5,8 +5,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("fairseq")
 
-from fairseq_models import build_translation_model, random_tokens  # noqa: E402
+from helpers import build_translation_model, random_tokens  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
+from fairseq_fwp.modules.state import buffer_tensors  # noqa: E402
 
 VARIANTS = [
     (fm, rule, attn_norm)
@@ -49,6 +50,32 @@ def test_step_by_step_decoding_equals_full_forward(fm, rule, attn_norm):
     torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+def test_the_backend_flag_governs_decoding_too(rule, monkeypatch):
+    """--fwp-backend reference: every decoding step is the reference backend's, and decodes what chunked does."""
+    from fairseq_fwp.ops import reference
+
+    steps = []
+    step_ = reference.step_
+    monkeypatch.setattr(reference, "step_", lambda *args: steps.append(1) or step_(*args))
+    chunked = full_and_stepwise_decoder_outputs(*build_translation_model(*flags("dpfp", rule, "on")))[1]
+    assert not steps
+    full, by_reference = full_and_stepwise_decoder_outputs(
+        *build_translation_model(*flags("dpfp", rule, "on"), "--fwp-backend", "reference"))
+    assert len(steps) == 2 * 7  # two decoder layers, seven steps
+    torch.testing.assert_close(by_reference, chunked, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(by_reference, full, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_logs_each_choice_once_per_model_with_its_reason(caplog):
+    model, d = build_translation_model(*flags("linear", "delta", "off"))
+    with caplog.at_level("INFO", logger="fairseq_fwp.backend"):
+        for _ in range(2):
+            full_and_stepwise_decoder_outputs(model, d)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fairseq_fwp.backend"]
+    assert lines == ["--fwp-backend auto runs chunked (auto on cpu torch.float32, D = 16; not fla: cpu tensors)"]
+
+
 @GPU
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -73,7 +100,7 @@ def test_decoder_state_grows_to_at_most_the_fast_weights_and_then_stays():
     with torch.no_grad():
         for t in range(prev.shape[1]):
             model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-            sizes.append(sum(v.numel() for buf in state.values() for v in buf.values() if v is not None))
+            sizes.append(sum(x.numel() for buf in state.values() for x in buffer_tensors(buf)))
     assert sizes[0] < sizes[9] <= sizes[10] and len(set(sizes[10:])) == 1, sizes
 
 
@@ -279,7 +306,7 @@ def test_attention_normalisation_per_site(extra, sites):
                                              (["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"], True),
                                              (["--fwp-update-rule", "sum"], False)])
 def test_language_model_attention_normalisation(extra, expected):
-    from fairseq_models import build_lm_model
+    from helpers import build_lm_model
 
     model, _ = build_lm_model(*extra)
     assert attention_normalisation_by_site(model) == {True: {expected}}
@@ -313,7 +340,7 @@ def test_beam_search_scores_equal_a_full_forward_of_each_hypothesis(fm, rule, at
 def test_language_model_decoding_with_left_padded_prompts_equals_full_forward(extra):
     """fairseq passes a padding mask for the decoded token when prompts are padded: padded steps
     neither write nor decay, in decoding as in the full forward."""
-    from fairseq_models import build_lm_model
+    from helpers import build_lm_model
 
     model, d = build_lm_model(*extra)
     tokens = random_tokens(d, [9, 6], left_pad=True)  # row 1 starts with 3 pads

@@ -4,7 +4,7 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq_models import build_lm_model, build_translation_model, random_tokens  # noqa: E402
+from helpers import build_lm_model, build_translation_model, random_tokens  # noqa: E402
 from fairseq_fwp.attention_transfer import AttentionTransfer, query_padding, relative_error  # noqa: E402
 from fairseq_fwp.uptrain import transfer  # noqa: E402
 

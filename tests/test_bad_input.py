@@ -4,7 +4,7 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq_models import build_translation_model, parse_args, random_tokens  # noqa: E402
+from helpers import build_translation_model, parse_args, random_tokens  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
 from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum  # noqa: E402
 

@@ -13,8 +13,7 @@ pytest.importorskip("fairseq")
 from fairseq_fwp.dual_form.__main__ import main as dual_form_cli  # noqa: E402
 from fairseq_fwp.dual_form.dual import dual_weights  # noqa: E402
 from fairseq_fwp.dual_form.storage import GrowingNpy, Record  # noqa: E402
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
-from pipeline import PLUGIN_DIR, fairseq, preprocess_lm  # noqa: E402
+from fairseq_fwp.recipes.pipeline import PLUGIN_DIR, fairseq  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPDATES = 300
@@ -45,11 +44,8 @@ def inner_losses(log):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dual_form")
-    _, lm_raw = write_corpora(root / "raw", n_train=200, n_eval=30, seed=3)
-    preprocess_lm(lm_raw, root / "bin")
-    return root / "bin"
+def data(corpora):
+    return corpora["lm"]
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +67,7 @@ def test_growing_npy_is_a_valid_npy_after_every_append(tmp_path):
     assert loaded[2:].tolist() == np.arange(15).reshape(5, 3).tolist()
 
 
+@pytest.mark.slow
 def test_dual_form_reproduces_the_trained_layers(recorded, tmp_path):
     ckpt, record_dir, _ = recorded
     report_path = tmp_path / "verify.json"
@@ -94,6 +91,7 @@ def test_dual_form_reproduces_the_trained_layers(recorded, tmp_path):
     assert np.linalg.norm(weight - trained) / np.linalg.norm(trained) > 1e-4
 
 
+@pytest.mark.slow
 def test_recording_does_not_change_training(data, recorded, tmp_path):
     import torch
 
@@ -111,12 +109,14 @@ def test_recording_does_not_change_training(data, recorded, tmp_path):
     (["--optimizer", "sgd", "--momentum", "0.9"], "set --momentum 0"),
     (["--optimizer", "sgd", "--share-decoder-input-output-embed"], "is shared with decoder.embed_tokens.weight"),
 ])
+@pytest.mark.slow
 def test_refuses_settings_where_the_dual_form_is_not_exact(data, tmp_path, flags, message):
     with pytest.raises(RuntimeError, match=re.escape(message)):
         train(data, tmp_path / "ckpt", *flags, *record_flags(tmp_path / "record"), max_update=2)
     assert not os.path.exists(tmp_path / "record" / "manifest.json")  # nothing half-written to clean up
 
 
+@pytest.mark.slow
 def test_explain_is_deterministic(recorded, tmp_path):
     ckpt, record_dir, _ = recorded
     outputs = []
@@ -137,6 +137,7 @@ def test_explain_is_deterministic(recorded, tmp_path):
     assert sum(d["attention"] for d in report["documents"]) == pytest.approx(report["total_attention"])
 
 
+@pytest.mark.slow
 def test_wikitext2_demo_skips_without_the_data(tmp_path):
     demo = os.path.join(ROOT, "examples", "dual_form", "wikitext2_demo.py")
     proc = subprocess.run([sys.executable, demo, "--data", str(tmp_path / "absent"), "--out", str(tmp_path / "out")],

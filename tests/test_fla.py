@@ -14,8 +14,8 @@ import torch
 
 from fairseq_fwp.ops import BackendUnavailableError, fast_weight_delta, fast_weight_sum
 from fairseq_fwp.ops import fla
-from fairseq_fwp.ops.fast_weight import resolve_backend
-from op_inputs import make_decay, make_inputs, outputs_and_grads, relative_errors
+from fairseq_fwp.ops.backends import resolved_name
+from helpers import make_decay, make_inputs, outputs_and_grads, relative_errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -34,7 +34,7 @@ def test_half_types_over_several_steps_take_the_chunk_kernels():
 
 def test_auto_never_sends_cpu_tensors_to_fla():
     q = torch.rand(1, 1, 4, 8)
-    assert resolve_backend("auto", q, 8) == "chunked"
+    assert resolved_name("auto", q, 8) == "chunked"
 
 
 @pytest.mark.parametrize("make, message", [
@@ -104,9 +104,9 @@ def test_gpu_float32_matches_reference(rule, with_state):
 @GPU
 def test_gpu_auto_uses_fla_where_it_fits_and_chunked_elsewhere():
     q = torch.rand(1, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
-    assert resolve_backend("auto", q, 64) == "fla"
-    assert resolve_backend("auto", q.double(), 64) == "chunked"
-    assert resolve_backend("auto", torch.rand(1, 1, 4, 512, device="cuda"), 64) == "chunked"
+    assert resolved_name("auto", q, 64) == "fla"
+    assert resolved_name("auto", q.double(), 64) == "chunked"
+    assert resolved_name("auto", torch.rand(1, 1, 4, 512, device="cuda"), 64) == "chunked"
 
 
 # -- fairseq_fwp.testing.triton_interpreter ---------------------------------------------

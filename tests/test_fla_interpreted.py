@@ -16,7 +16,7 @@ import torch
 
 from fairseq_fwp.ops import BackendUnavailableError, fast_weight_delta, fla
 from fairseq_fwp.testing import triton_interpreter
-from op_inputs import make_decay, make_inputs, outputs_and_grads, recurrence, relative_errors, with_full_forgets
+from helpers import make_decay, make_inputs, outputs_and_grads, recurrence, relative_errors, with_full_forgets
 
 pytestmark = pytest.mark.skipif(not fla.interpreting(), reason="needs TRITON_INTERPRET=1 set before triton is "
                                 "imported (conftest.py does so without CUDA; the GPU check runs this file so)")

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_models import parse_args  # noqa: E402
+from helpers import parse_args  # noqa: E402
 
 MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm_tiny")]
 
@@ -16,7 +16,7 @@ MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm
         ("--fwp-feature-map", "relu", "invalid choice: 'relu' (choose from 'softmax', 'linear', 'performer', 'dpfp', 'silu')"),
         ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'delta', 'gated-sum', 'gated-delta')"),
         ("--fwp-decay-form", "exp", "invalid choice: 'exp' (choose from 'mamba2', 'logsigmoid')"),
-        ("--fwp-qk-norm", "l1", "invalid choice: 'l1' (choose from 'sum', 'l2')"),
+        ("--fwp-qk-norm", "l1", "invalid choice: 'l1' (choose from 'sum', 'l2', 'none')"),
         ("--fwp-short-conv", "1", "expected 0 (none) or a kernel size >= 2, got 1"),
         ("--fwp-short-conv", "-4", "expected an integer >= 0, got -4"),
         ("--fwp-output-gate", "yes", "invalid choice: 'yes' (choose from 'on', 'off')"),
@@ -41,7 +41,7 @@ def test_bad_flag_values_fail_at_parse_time(capsys, task, arch, flag, value, mes
 
 def test_arch_defaults_follow_the_paper():
     mt = parse_args("translation", "fwp_transformer_wmt_en_de_big")
-    assert (mt.fwp_feature_map, mt.fwp_update_rule, mt.fwp_attn_norm, mt.fwp_sum_norm) == ("linear", "sum", "auto", "on")
+    assert (mt.fwp_feature_map, mt.fwp_update_rule, mt.fwp_attn_norm, mt.fwp_qk_norm) == ("linear", "sum", "auto", "sum")
     assert (mt.encoder_layers, mt.decoder_layers, mt.encoder_embed_dim, mt.encoder_ffn_embed_dim,
             mt.encoder_attention_heads) == (6, 6, 1024, 4096, 16)
     lm = parse_args("language_modeling", "fwp_lm_wiki103_small")

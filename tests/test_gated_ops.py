@@ -5,7 +5,7 @@ import torch
 from fairseq_fwp.ops import BackendUnavailableError, fast_weight_delta, fast_weight_delta_state, fast_weight_sum
 from fairseq_fwp.ops import fast_weight_sum_state
 from fairseq_fwp.ops.chunked_gated import gated_chunked
-from op_inputs import (assert_all_close, make_decay, make_inputs, outputs_and_grads, recurrence, relative_errors,
+from helpers import (assert_all_close, make_decay, make_inputs, outputs_and_grads, recurrence, relative_errors,
                        with_full_forgets)
 
 RULES = ["sum", "delta"]

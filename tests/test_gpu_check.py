@@ -27,6 +27,7 @@ def test_pytest_result_lines_are_read_with_and_without_xdist():
     assert (parallel.group(3), parallel.group(4)) == ("FAILED", "tests/test_ops.py::test_y")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU's part")
 def test_dry_run_trains_in_bfloat16_both_ways_and_reports(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check.py"), "--parts",
@@ -45,6 +46,7 @@ def test_dry_run_trains_in_bfloat16_both_ways_and_reports(tmp_path):
     assert "nothing: there is no GPU here" in text
 
 
+@pytest.mark.slow
 def test_a_part_past_its_time_limit_is_stopped_and_reported(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check.py"), "--parts", "training",
                            "--time-scale", "0.1", "--report-dir", str(tmp_path)],

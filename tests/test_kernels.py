@@ -16,7 +16,7 @@ import torch
 
 from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum
 from fairseq_fwp.ops import cuda as kernels
-from op_inputs import assert_all_close, make_inputs, outputs_and_grads, run_op
+from helpers import assert_all_close, make_inputs, outputs_and_grads, run_op
 
 RULES = ["sum", "delta"]
 C = kernels.CHUNK
@@ -140,6 +140,7 @@ NVCC = shutil.which("nvcc")
 CU_FILES = sorted((Path(kernels.CSRC_DIR)).glob("*.cu"))
 
 
+@pytest.mark.slow  # nvcc takes about 10 s per target
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("source", CU_FILES, ids=lambda p: p.name)
@@ -213,17 +214,18 @@ def test_gpu_kernels_are_deterministic(rule):
 
 @GPU
 def test_gpu_auto_does_not_choose_the_kernels_before_their_gpu_check():
-    from fairseq_fwp.ops.fast_weight import resolve_backend
+    from fairseq_fwp.ops.backends import resolved_name
 
     for D in (64, 512):
-        assert resolve_backend("auto", torch.rand(1, 1, 4, D, device="cuda"), 64) != "cuda"
+        assert resolved_name("auto", torch.rand(1, 1, 4, D, device="cuda"), 64) != "cuda"
 
 
 @GPU
 @pytest.mark.parametrize("rule", RULES)
-def test_gpu_a_launch_above_the_shared_memory_limit_falls_back(rule, monkeypatch):
+def test_gpu_a_launch_above_the_shared_memory_limit_is_refused(rule, monkeypatch):
+    from fairseq_fwp.ops import BackendUnavailableError
+
     monkeypatch.setattr(kernels, "device_shared_memory_limit", lambda device: 64 * 1024)
     inputs = to_cuda(make_inputs(1, 2, C + 3, 512, 8, dtype=torch.float32))
-    with pytest.warns(UserWarning, match="cannot launch.*chunked"):
-        got = outputs_and_grads(rule, inputs, "cuda")
-    assert_all_close(got, outputs_and_grads(rule, inputs, "chunked"), rtol=1e-5, atol=1e-5)
+    with pytest.raises(BackendUnavailableError, match="backend 'cuda' cannot run this call: a launch for D = 512"):
+        outputs_and_grads(rule, inputs, "cuda")

@@ -1,27 +1,38 @@
-"""100,000-token streams through a fast-weight layer with its state carried (examples/reliability)."""
+"""100,000-token streams through a fast-weight layer with its state carried (examples/reliability/long_streams.py)."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
-import torch
 
 pytest.importorskip("fairseq")
+pytestmark = pytest.mark.slow  # the example in a subprocess: 100,000 tokens per case
 
-from examples.reliability.long_streams import INPUTS, run  # noqa: E402
-
-TOKENS, SEGMENT = 100_000, 1_000
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("inputs", INPUTS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_delta_rule_stays_finite_and_bounded(inputs, dtype):
-    r = run("delta", inputs, dtype, TOKENS, SEGMENT)
+@pytest.fixture(scope="module")
+def results():
+    """{(rule, inputs, dtype): the case's numbers}, from one run of the example."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "reliability", "long_streams.py"), "--json"],
+                          capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    return {(r["rule"], r["inputs"], r["dtype"]): r for r in rows}
+
+
+@pytest.mark.parametrize("inputs", ["random", "repeated", "repeated+beta~1+10x values"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_delta_rule_stays_finite_and_bounded(results, inputs, dtype):
+    r = results["delta", inputs, dtype]
     assert r["finite"]
     assert r["W@100000"] < 1.5 * r["W@10000"]  # saturates: sum-normalised keys make each write a contraction
     assert r["max|out|"] < 20
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_sum_rule_grows_and_attention_normalisation_bounds_its_output(dtype):
-    plain = run("sum", "random", dtype, TOKENS, SEGMENT)
-    normalised = run("sum+attn-norm", "random", dtype, TOKENS, SEGMENT)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_sum_rule_grows_and_attention_normalisation_bounds_its_output(results, dtype):
+    plain, normalised = results["sum", "random", dtype], results["sum+attn-norm", "random", dtype]
     assert plain["finite"] and normalised["finite"]
     assert plain["W@100000"] > 5 * plain["W@10000"]  # W = sum of all writes grows with the stream
     assert normalised["max|out|"] < 10 < plain["max|out|"]  # a weighted average of values

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("fairseq")
 
 from fairseq.modules import MultiheadAttention  # noqa: E402
-from fairseq_models import build_lm_model, build_translation_model, random_tokens  # noqa: E402
+from helpers import build_lm_model, build_translation_model, random_tokens  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
 from fairseq_fwp.modules.gates import DecayGate, OutputGate  # noqa: E402
 from fairseq_fwp.modules.short_convolution import ShortConvolution  # noqa: E402

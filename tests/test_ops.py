@@ -4,7 +4,7 @@ import torch
 
 from fairseq_fwp.ops import BACKENDS, BackendUnavailableError, fast_weight_delta, fast_weight_sum
 from fairseq_fwp.ops.chunked import DEFAULT_CHUNK_SIZE
-from op_inputs import assert_all_close, make_inputs, outputs_and_grads, run_op
+from helpers import assert_all_close, make_decay, make_inputs, outputs_and_grads, run_op
 
 FAST_BACKENDS = ["chunked"]
 RULES = ["sum", "delta"]
@@ -260,8 +260,8 @@ def test_state_only_ops_equal_the_full_ops_final_state(backend, rule, shape, wit
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_in_place_decoding_steps_equal_the_functional_steps(rule, dtype):
-    """ops/decoding.py: W advanced in place, token after token, equals the reference steps."""
-    from fairseq_fwp.ops import decoding
+    """ops/memory.py: W advanced in place, token after token, equals the reference steps."""
+    from fairseq_fwp.ops import memory as decoding
     from fairseq_fwp.ops.reference import delta_step, sum_step
 
     q, k, v, beta, W0 = (x.detach() for x in make_inputs(3, 2, 6, 7, 5))
@@ -283,7 +283,7 @@ def test_in_place_decoding_steps_equal_the_functional_steps(rule, dtype):
 @pytest.mark.parametrize("rule", RULES)
 def test_factored_decoding_steps_equal_the_functional_steps(rule):
     """W held as its factors (keys, writes) from an empty memory, then materialised."""
-    from fairseq_fwp.ops import decoding
+    from fairseq_fwp.ops import memory as decoding
     from fairseq_fwp.ops.reference import delta_step, sum_step
 
     q, k, v, beta, _ = (None if x is None else x.detach() for x in make_inputs(3, 2, 7, 9, 4, with_state=False))
@@ -307,7 +307,7 @@ def test_factored_decoding_steps_equal_the_functional_steps(rule):
 @pytest.mark.parametrize("rule", RULES)
 def test_decoding_steps_of_the_gated_rules(rule):
     """In place (from a given W) and factored (from an empty memory), with a decay."""
-    from fairseq_fwp.ops import decoding
+    from fairseq_fwp.ops import memory as decoding
     from fairseq_fwp.ops.reference import delta_step, sum_step
 
     q, k, v, beta, W0 = (x.detach() for x in make_inputs(2, 2, 6, 5, 3))
@@ -331,3 +331,42 @@ def test_decoding_steps_of_the_gated_rules(rule):
                 got = decoding.sum_step_(W, *args, log_a) if rule == "sum" else decoding.delta_step_(W, *args, b, log_a)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(W, W_ref, rtol=1e-12, atol=1e-12)
+
+
+# -- the backend protocol: one resolver, and one decoding step per backend ----------------
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked", "auto"])
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_decoding_step_of_every_backend_equals_the_sequence_op(backend, rule, gated):
+    """fast_weight_step_ token after token, from an empty memory (chunked holds its factors first, then W)
+    and from a given W, equals one call over the sequence."""
+    from fairseq_fwp.ops import Memory, fast_weight_step_
+
+    q, k, v, beta, W0 = (x.detach() for x in make_inputs(2, 2, 40, 6, 5))
+    log_decay = make_decay(2, 2, 40).detach().log() if gated else None
+    for start in (None, W0):
+        want, W_want = run_op(rule, [q, k, v, beta, start], "reference", log_decay=log_decay)
+        memory = Memory(fast_weight=None if start is None else start.clone())
+        outs = [fast_weight_step_(memory, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t] if rule == "delta" else None,
+                                  log_decay=None if log_decay is None else log_decay[:, :, t], backend=backend)
+                for t in range(40)]
+        torch.testing.assert_close(torch.stack(outs, 2), want, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(memory.materialized(), W_want, rtol=1e-10, atol=1e-10)
+
+
+def test_auto_says_what_it_chose_and_why_and_named_backends_are_refused_in_one_format():
+    from fairseq_fwp.ops.backends import Call, resolve
+
+    q, k, v, beta, _ = make_inputs(1, 2, 3, 4, 4, dtype=torch.float32)
+    choices = []
+    fast_weight_delta(q, k, v, beta, on_choice=choices.append)
+    assert [c.name for c in choices] == ["chunked"]
+    assert choices[0].reason.startswith("auto on cpu torch.float32, D = 4; not fla: cpu tensors")
+    call = Call(rule="sum", gated=True, dtype=torch.float32, device=torch.device("cpu"), D=4, Dv=4, T=3,
+                needs_grad=True)
+    with pytest.raises(BackendUnavailableError,
+                       match=r"^backend 'cuda' cannot run this call: the csrc kernels have no gated rules \(decay\); "
+                             r"backend='chunked' runs everywhere$"):
+        resolve("cuda", call)

@@ -49,6 +49,7 @@ def trained(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_interactive_and_hub_translate_raw_text_as_generate_does(trained):
     prepared, checkpoint = trained / "prepared", trained / "checkpoints" / "checkpoint_last.pt"
     generated = translation.translate_and_score(str(prepared), str(checkpoint), "src", "tgt", ["--beam", "4"],
@@ -71,6 +72,7 @@ def test_interactive_and_hub_translate_raw_text_as_generate_does(trained):
     assert hub.translate(sources, beam=4) == expected
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_are_written(trained):
     events = [name for _, _, files in os.walk(trained / "tensorboard") for name in files]
     assert any(name.startswith("events.out.tfevents") for name in events), events

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_models import parse_args  # noqa: E402
+from helpers import parse_args  # noqa: E402
 from fairseq_fwp.recipes import rows, text  # noqa: E402
 from fairseq_fwp.recipes.small_real_data import split_at_article_boundary  # noqa: E402
 from fairseq_fwp.synthetic_data import lm_sentence, translation_pairs  # noqa: E402
@@ -57,6 +57,7 @@ def write_wmt14_layout(raw, rng):
     return test
 
 
+@pytest.mark.slow
 def test_wmt14_recipe_prepares_trains_and_scores_every_test_sentence(tmp_path):
     test = write_wmt14_layout(tmp_path / "raw", random.Random(0))
     out = recipe("wmt14", "prepare", "--raw-dir", tmp_path / "raw", "--out", tmp_path / "data",
@@ -93,6 +94,7 @@ def write_wikitext_zip(folder, rng):
             archive.writestr(f"wikitext-103/wiki.{split}.tokens", "\n".join(lines) + "\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table, row", [("table2", "delta"), ("table4", "delta-carry")])
 def test_wikitext103_recipe_prepares_trains_and_evaluates(tmp_path, table, row):
     write_wikitext_zip(tmp_path / "raw", random.Random(1))
@@ -131,6 +133,7 @@ def test_every_translation_row_parses_with_the_big_arch():
         assert row == "standard" or row == "linear" or row.endswith(str(feature_size))
 
 
+@pytest.mark.slow
 def test_bad_rows_fail_clearly():
     with pytest.raises(ValueError, match="table3 is reported for medium"):
         rows.lm_row_flags("table3", "nopos-noattnnorm", "small")

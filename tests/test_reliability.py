@@ -6,10 +6,9 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq_models import build_lm_model, build_translation_model, random_tokens  # noqa: E402
+from helpers import build_lm_model, build_translation_model, random_tokens  # noqa: E402
 from fairseq_fwp import distributed_cpu  # noqa: E402
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
-from pipeline import PLUGIN_DIR, fairseq, preprocess_lm, preprocess_translation  # noqa: E402
+from fairseq_fwp.recipes.pipeline import PLUGIN_DIR, fairseq  # noqa: E402
 
 LM_FLAGS = ["--user-dir", PLUGIN_DIR, "--task", "language_modeling", "--arch", "fwp_lm_tiny",
             "--tokens-per-sample", 32, "--sample-break-mode", "none", "--max-tokens", 256, "--optimizer", "adam",
@@ -22,12 +21,8 @@ MT_FLAGS = ["--user-dir", PLUGIN_DIR, "--arch", "fwp_transformer_tiny", "--optim
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reliability")
-    mt_raw, lm_raw = write_corpora(root / "raw", n_train=400, n_eval=20, seed=7)
-    preprocess_lm(lm_raw, root / "lm")
-    preprocess_translation(mt_raw, root / "mt")
-    return root
+def data(corpora):
+    return corpora
 
 
 def losses(log):
@@ -54,6 +49,7 @@ def train_in_ranks(data_dir, save_dir, nprocs, *flags, capture_to):
     return output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fm", [["--fwp-feature-map", "dpfp", "--fwp-update-rule", "sum"],
                                 ["--fwp-feature-map", "linear", "--fwp-update-rule", "delta"]])
 def test_two_processes_equal_one_process_with_update_freq_2_and_resume(data, tmp_path, fm):
@@ -62,15 +58,15 @@ def test_two_processes_equal_one_process_with_update_freq_2_and_resume(data, tmp
 
     Not FAVOR+: it draws new features at every forward, and a rank does one forward per update where
     --update-freq 2 does two (every rank draws the same features: they share seed and draw count)."""
-    two = train_in_ranks(data / "lm", tmp_path / "two", 2, *fm, "--max-update", 6, capture_to=tmp_path / "two.log")
-    one = fairseq("train", data / "lm", *LM_FLAGS, "--dropout", 0, "--update-freq", 2, "--max-update", 6, *fm,
+    two = train_in_ranks(data["lm"], tmp_path / "two", 2, *fm, "--max-update", 6, capture_to=tmp_path / "two.log")
+    one = fairseq("train", data["lm"], *LM_FLAGS, "--dropout", 0, "--update-freq", 2, "--max-update", 6, *fm,
                   "--save-dir", tmp_path / "one")
     assert len(losses(two)) == 6 and losses(two) == pytest.approx(losses(one), abs=1e-3)
     assert_same_parameters(parameters(tmp_path / "two" / "checkpoint_last.pt"),
                            parameters(tmp_path / "one" / "checkpoint_last.pt"), atol=1e-5)
 
-    train_in_ranks(data / "lm", tmp_path / "resumed", 2, *fm, "--max-update", 3, capture_to=tmp_path / "r1.log")
-    resumed = train_in_ranks(data / "lm", tmp_path / "resumed", 2, *fm, "--max-update", 6,
+    train_in_ranks(data["lm"], tmp_path / "resumed", 2, *fm, "--max-update", 3, capture_to=tmp_path / "r1.log")
+    resumed = train_in_ranks(data["lm"], tmp_path / "resumed", 2, *fm, "--max-update", 6,
                              capture_to=tmp_path / "r2.log")
     assert "Loaded checkpoint" in resumed and set(losses(resumed)) == {4, 5, 6}
     assert losses(resumed) == pytest.approx({n: losses(two)[n] for n in (4, 5, 6)}, abs=1e-3)
@@ -78,38 +74,36 @@ def test_two_processes_equal_one_process_with_update_freq_2_and_resume(data, tmp
                            parameters(tmp_path / "two" / "checkpoint_last.pt"), atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, flags", [
     ("lm", ["--fwp-update-rule", "delta"]),  # the Delta Net LM (dropout on: fairseq reseeds every update)
     ("mt", ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2"]),
+    ("lm", ["--fwp-feature-map", "performer"]),  # random features drawn at every update
+    ("lm", ["--fwp-feature-map", "softmax"]),
 ])
-def test_resuming_continues_the_same_trajectory(data, tmp_path, kind, flags):
+def test_the_same_seed_gives_the_same_run_and_resuming_continues_it(data, tmp_path, kind, flags):
     base = (LM_FLAGS if kind == "lm" else MT_FLAGS) + flags
-    whole = fairseq("train", data / kind, *base, "--max-update", 8, "--save-dir", tmp_path / "whole")
-    fairseq("train", data / kind, *base, "--max-update", 4, "--save-dir", tmp_path / "split")
-    resumed = fairseq("train", data / kind, *base, "--max-update", 8, "--save-dir", tmp_path / "split")
+    whole = fairseq("train", data[kind], *base, "--max-update", 8, "--save-dir", tmp_path / "whole")
+    first = fairseq("train", data[kind], *base, "--max-update", 4, "--save-dir", tmp_path / "split")
+    assert losses(first) == {n: losses(whole)[n] for n in (1, 2, 3, 4)}  # the same seed: the same run
+    resumed = fairseq("train", data[kind], *base, "--max-update", 8, "--save-dir", tmp_path / "split")
     assert set(losses(resumed)) == {5, 6, 7, 8}
     assert losses(resumed) == {n: losses(whole)[n] for n in (5, 6, 7, 8)}  # exactly, as logged
     assert_same_parameters(parameters(tmp_path / "split" / "checkpoint_last.pt"),
                            parameters(tmp_path / "whole" / "checkpoint_last.pt"), atol=0)
 
 
-@pytest.mark.parametrize("feature_map", ["softmax", "linear", "performer", "dpfp"])
-def test_same_seed_same_losses(data, tmp_path, feature_map):
-    runs = [losses(fairseq("train", data / "lm", *LM_FLAGS, "--fwp-feature-map", feature_map, "--max-update", 20,
-                           "--save-dir", tmp_path / str(i))) for i in range(2)]
-    assert len(runs[0]) == 20 and runs[0] == runs[1]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("rule, as_module", [("sum", False), ("delta", True)])
 def test_bf16_training_on_cpu_stays_finite_and_reloads(data, tmp_path, rule, as_module):
     """fairseq 0.12 ties --bf16 to TPUs; the plugin keeps it on the CPU (compat.py), whether fairseq-train
     is launched as its console script or as `python -m fairseq_cli.train`."""
-    log = fairseq("train", data / "lm", *LM_FLAGS, "--bf16", "--cpu", "--fwp-feature-map", "dpfp",
+    log = fairseq("train", data["lm"], *LM_FLAGS, "--bf16", "--cpu", "--fwp-feature-map", "dpfp",
                   "--fwp-update-rule", rule, "--max-update", 30, "--save-dir", tmp_path, as_module=as_module)
     trajectory = losses(log)
     assert len(trajectory) == 30 and all(loss == loss and loss < 20 for loss in trajectory.values())
     assert trajectory[30] < trajectory[1] - 1  # it learns
-    out = fairseq("eval-lm", data / "lm", "--user-dir", PLUGIN_DIR, "--path", tmp_path / "checkpoint_last.pt",
+    out = fairseq("eval-lm", data["lm"], "--user-dir", PLUGIN_DIR, "--path", tmp_path / "checkpoint_last.pt",
                   "--tokens-per-sample", 32, "--gen-subset", "test", "--batch-size", 4)
     assert float(re.search(r"Perplexity: ([0-9.]+)", out).group(1)) < 100
 

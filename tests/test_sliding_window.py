@@ -12,9 +12,8 @@ import torch
 pytest.importorskip("fairseq")
 
 from fairseq import checkpoint_utils  # noqa: E402
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
 from fairseq_fwp.tasks.stream_lm import TokenStream  # noqa: E402
-from pipeline import eval_lm, preprocess_lm, train_lm  # noqa: E402
+from fairseq_fwp.recipes.pipeline import eval_lm, train_lm  # noqa: E402
 
 L = 12  # window (= training segment) length
 
@@ -38,10 +37,10 @@ def sliding_window_log_prob(model, tokens, eos):
     return total, len(tokens)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature_map", ["softmax", "dpfp"])
-def test_eval_lm_context_window_is_the_paper_protocol(tmp_path, feature_map):
-    _, lm_raw = write_corpora(tmp_path / "raw", n_train=300, n_eval=40, seed=5)
-    preprocess_lm(lm_raw, tmp_path / "bin")
+def test_eval_lm_context_window_is_the_paper_protocol(corpora, tmp_path, feature_map):
+    (tmp_path / "bin").symlink_to(corpora["lm"])
     flags = ["--fwp-feature-map", feature_map] + (["--fwp-positions", "on"] if feature_map == "softmax" else [])
     train_lm(tmp_path / "bin", tmp_path / "ckpt", *flags, max_update=5, tokens_per_sample=L)
     checkpoint = tmp_path / "ckpt" / "checkpoint_last.pt"

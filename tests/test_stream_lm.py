@@ -6,11 +6,11 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq_models import build_lm_model, random_tokens, toy_dictionary  # noqa: E402
+from helpers import build_lm_model, random_tokens, toy_dictionary  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
 from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
 from fairseq_fwp.tasks.stream_lm import StreamSegments  # noqa: E402
-from pipeline import eval_lm, preprocess_lm, train_lm  # noqa: E402
+from fairseq_fwp.recipes.pipeline import eval_lm, preprocess_lm, train_lm  # noqa: E402
 
 
 @pytest.mark.parametrize("n_tokens, streams, segment", [(23, 1, 5), (23, 3, 4), (24, 4, 6), (7, 7, 2)])
@@ -89,13 +89,13 @@ def test_carried_state_is_detached_and_kept_apart_for_training_and_evaluation():
     model.train()
     start_segment(model, 0)
     model(tokens)[0].sum().backward()
-    train_state = layers[0].streams.last(True)["fast_weight"]
+    train_state = layers[0].streams.last(True).memory.fast_weight
     assert train_state.grad_fn is None and not train_state.requires_grad
     model.eval()
     with torch.no_grad():
         start_segment(model, 0)
         model(tokens)
-    assert layers[0].streams.last(True)["fast_weight"] is train_state  # evaluation left it alone
+    assert layers[0].streams.last(True).memory.fast_weight is train_state  # evaluation left it alone
     model.train()
     start_segment(model, 1)
     with pytest.raises(RuntimeError, match="same streams"):
@@ -131,11 +131,8 @@ def test_checkpoint_activations_give_the_same_gradients(flags):
 
 
 @pytest.fixture(scope="module")
-def lm_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stream")
-    _, lm_raw = write_corpora(root / "raw", n_train=600, n_eval=60, seed=3)
-    preprocess_lm(lm_raw, root / "bin")
-    return root / "bin"
+def lm_data(corpora):
+    return corpora["lm"]
 
 
 def evaluated_tokens(output):
@@ -163,6 +160,7 @@ def stream_perplexity(checkpoint, data, num_streams):
     return float(torch.exp(nll.mean()))
 
 
+@pytest.mark.slow
 def test_stream_task_trains_resumes_and_scores_the_whole_split(lm_data, tmp_path):
     log = train_lm(lm_data, tmp_path, max_update=8, tokens_per_sample=16, task="fwp_stream_lm")
     assert "'fwp_carry_over': on" in log
@@ -188,6 +186,7 @@ def valid_losses(log):
     return dict(re.findall(r"valid on '(\w+)' subset \| loss ([0-9.]+)", log))
 
 
+@pytest.mark.slow
 def test_every_validation_subset_starts_its_streams_from_zero(lm_data, tmp_path):
     """fairseq starts one validation pass for all of --valid-subset; the second subset must not
     start from the first one's final state."""
@@ -201,7 +200,7 @@ def test_every_validation_subset_starts_its_streams_from_zero(lm_data, tmp_path)
 
 def test_random_stream_offsets_move_training_streams_per_epoch(lm_data):
     from fairseq import tasks
-    from fairseq_models import parse_args
+    from helpers import parse_args
 
     args = parse_args("fwp_stream_lm", "fwp_lm_tiny", "--fwp-stream-offset", "random", "--batch-size", "3",
                       "--tokens-per-sample", "16")
@@ -223,24 +222,27 @@ def test_random_stream_offsets_move_training_streams_per_epoch(lm_data):
     assert torch.equal(epoch_targets("valid", 1), epoch_targets("valid", 2))  # validation never moves
 
 
+@pytest.mark.slow
 def test_a_run_resumed_mid_epoch_equals_the_run_that_never_stopped(tmp_path):
-    """16 updates in one run against 8, a stop and a resume, in the second of about three epochs: the
-    same FAVOR+ features (drawn per epoch), the same carried states (checkpointed with the model) and
-    the same stream offsets, so the same losses and the same final model."""
-    _, raw = write_corpora(tmp_path / "raw", n_train=40, n_eval=10, seed=3)  # 7 segments of 4 streams per epoch
+    """12 updates in one run against 6, a stop and a resume, in the second of three epochs: the same
+    FAVOR+ features (drawn per epoch), the same carried states (checkpointed with the model) and the
+    same stream offsets, so the same losses and the same final model."""
+    _, raw = write_corpora(tmp_path / "raw", n_train=25, n_eval=10, seed=3)  # 4 segments of 4 streams per epoch
     preprocess_lm(raw, tmp_path / "bin")
     flags = ["--fwp-feature-map", "performer", "--fwp-stream-offset", "random"]
 
     def run(save_dir, updates):
         log = train_lm(tmp_path / "bin", save_dir, *flags, max_update=updates, tokens_per_sample=16,
                        task="fwp_stream_lm")
-        return {int(n): float(loss) for loss, n in re.findall(r"train_inner \| .*? loss=([0-9.]+),.*?num_updates=(\d+)",
-                                                              log)}
+        losses = {int(n): float(loss) for loss, n in
+                  re.findall(r"train_inner \| .*? loss=([0-9.]+),.*?num_updates=(\d+)", log)}
+        return losses, log
 
-    whole = run(tmp_path / "whole", 16)
-    first = run(tmp_path / "stopped", 8)
-    resumed = run(tmp_path / "stopped", 16)  # checkpoint_last.pt of the stopped run
-    assert len(whole) == 16 and {**first, **resumed} == whole
+    whole, _ = run(tmp_path / "whole", 12)
+    first, _ = run(tmp_path / "stopped", 6)
+    resumed, log = run(tmp_path / "stopped", 12)  # from checkpoint_last.pt of the stopped run
+    assert re.search(r"Loaded checkpoint .*\(epoch 2 @ 6 updates\)", log), log[-3000:]  # in the middle of epoch 2
+    assert len(whole) == 12 and {**first, **resumed} == whole
     final = [torch.load(path / "checkpoint_last.pt", weights_only=False)["model"]
              for path in (tmp_path / "whole", tmp_path / "stopped")]
     assert final[0].keys() == final[1].keys()
@@ -264,5 +266,5 @@ def test_checkpoints_with_and_without_carried_streams_load_either_way():
     fresh.load_state_dict(plain.state_dict())  # strict: a model that carries starts its streams from zero
     fresh.load_state_dict(state)
     layer = fast_weight_layers(fresh)[0]
-    torch.testing.assert_close(layer.streams.last(True)["fast_weight"],
-                               fast_weight_layers(carrying)[0].streams.last(True)["fast_weight"])
+    torch.testing.assert_close(layer.streams.last(True).memory.fast_weight,
+                               fast_weight_layers(carrying)[0].streams.last(True).memory.fast_weight)

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from examples.synthetic_retrieval import data, plot, sweep, train
-from examples.synthetic_retrieval.models import (
+from fairseq_fwp.synthetic_retrieval import data, plot, sweep, train
+from fairseq_fwp.synthetic_retrieval.models import (
     DeltaMemory, FastWeightMemory2021, GatedDeltaMemory, GatedMemory, SumMemory, build_model,
 )
 from fairseq_fwp.modules.feature_maps import build_feature_map

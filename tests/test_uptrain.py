@@ -7,9 +7,8 @@ import torch
 pytest.importorskip("fairseq")
 
 from fairseq_fwp.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
 from fairseq_fwp.uptrain import convert, main, transfer  # noqa: E402
-from pipeline import COMMON_TRAIN, preprocess_lm, preprocess_translation  # noqa: E402
+from fairseq_fwp.recipes.pipeline import COMMON_TRAIN  # noqa: E402
 
 
 def test_transfer_copies_what_is_shared_and_names_what_does_not_fit():
@@ -30,15 +29,15 @@ DPFP_DELTA = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2", "--fwp-update-r
 
 
 @pytest.fixture(scope="module")
-def softmax_translation(tmp_path_factory):
+def softmax_translation(tmp_path_factory, corpora):
     root = tmp_path_factory.mktemp("uptrain")
-    mt_raw, _ = write_corpora(root / "raw", n_train=600, n_eval=30, seed=4)
-    preprocess_translation(mt_raw, root / "bin")
+    (root / "bin").symlink_to(corpora["mt"])
     fairseq("train", root / "bin", *COMMON_TRAIN, *MT_MODEL, "--fwp-feature-map", "softmax", "--max-update", 15,
             "--save-dir", root / "softmax")
     return root
 
 
+@pytest.mark.slow
 def test_a_converted_translation_model_generates_and_finetunes(softmax_translation, tmp_path):
     root = softmax_translation
     converted = tmp_path / "converted.pt"
@@ -59,6 +58,7 @@ def test_a_converted_translation_model_generates_and_finetunes(softmax_translati
     assert updates == [1, 2, 3, 4]  # from update 0, with a fresh optimizer
 
 
+@pytest.mark.slow
 def test_added_gates_and_convolutions_start_as_ungated(softmax_translation, tmp_path):
     root = softmax_translation
     converted = tmp_path / "converted.pt"
@@ -74,6 +74,7 @@ def test_added_gates_and_convolutions_start_as_ungated(softmax_translation, tmp_
     assert not ours["decoder.layers.0.self_attn.decay_gate.proj.weight"].any()
 
 
+@pytest.mark.slow
 def test_attention_transfer_before_saving_trains_the_attentions_only(softmax_translation, tmp_path, caplog):
     root = softmax_translation
     converted = tmp_path / "transferred.pt"
@@ -95,9 +96,9 @@ def test_attention_transfer_before_saving_trains_the_attentions_only(softmax_tra
         main(["--softmax-checkpoint", "x.pt", "--out", "y.pt", "--attention-transfer-steps", "-1", "--", "data"])
 
 
-def test_a_converted_language_model_and_shapes_that_differ(tmp_path):
-    _, lm_raw = write_corpora(tmp_path / "raw", n_train=300, n_eval=30, seed=4)
-    preprocess_lm(lm_raw, tmp_path / "bin")
+@pytest.mark.slow
+def test_a_converted_language_model_and_shapes_that_differ(corpora, tmp_path):
+    (tmp_path / "bin").symlink_to(corpora["lm"])
     lm = ["--task", "language_modeling", "--arch", "fwp_lm_tiny", "--tokens-per-sample", 32,
           "--sample-break-mode", "none", "--max-tokens", 512, "--lr", "0.002", "--warmup-updates", 5]
     fairseq("train", tmp_path / "bin", *COMMON_TRAIN, *lm, "--fwp-feature-map", "softmax", "--fwp-positions", "on",
@@ -133,6 +134,7 @@ def distillation_setup(root, *flags):
     return task, task.build_criterion(cfg.criterion), student, next(batches)
 
 
+@pytest.mark.slow
 def test_distillation_adds_the_teachers_divergence_and_validates_on_the_plain_loss(softmax_translation):
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
@@ -162,6 +164,7 @@ def test_distillation_adds_the_teachers_divergence_and_validates_on_the_plain_lo
     torch.testing.assert_close(criterion(student, sample)[0], plain(student, sample)[0])
 
 
+@pytest.mark.slow
 def test_a_student_equal_to_its_teacher_diverges_by_nothing(softmax_translation):
     task, criterion, _, sample = distillation_setup(softmax_translation, "--fwp-feature-map", "softmax",
                                                     "--fwp-update-rule", "sum", "--distillation-weight", "1")
@@ -171,6 +174,7 @@ def test_a_student_equal_to_its_teacher_diverges_by_nothing(softmax_translation)
     assert abs(log["distillation_loss"].item()) < 1e-4
 
 
+@pytest.mark.slow
 def test_distillation_finetunes_a_converted_model_with_fairseq_train(softmax_translation, tmp_path):
     root = softmax_translation
     teacher = root / "softmax" / "checkpoint_last.pt"
@@ -189,16 +193,17 @@ def test_distillation_finetunes_a_converted_model_with_fairseq_train(softmax_tra
     (["--distillation-weight", "half"], "argument --distillation-weight: expected a number in [0, 1], got 'half'"),
 ])
 def test_bad_distillation_weights_fail_at_parse_time(capsys, flags, message):
-    from fairseq_models import parse_args
+    from helpers import parse_args
 
     with pytest.raises(SystemExit):
         parse_args("translation", "fwp_transformer_tiny", "--criterion", "fwp_distillation", *flags)
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_distillation_without_a_teacher_is_refused(softmax_translation):
     from fairseq import tasks
-    from fairseq_models import parse_args
+    from helpers import parse_args
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     cfg = convert_namespace_to_omegaconf(parse_args("translation", "fwp_transformer_tiny", "--criterion",
@@ -208,6 +213,7 @@ def test_distillation_without_a_teacher_is_refused(softmax_translation):
         tasks.setup_task(cfg.task).build_criterion(cfg.criterion)
 
 
+@pytest.mark.slow
 def test_a_model_that_computes_differently_is_refused_naming_every_difference(softmax_translation, tmp_path):
     """Projections of 2 and 4 heads have the same shapes, and so do pre- and post-norm layers: shapes alone
     would convert them silently into another model."""

@@ -21,9 +21,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "examples", "quickstart"))
 
-from pipeline import PLUGIN_DIR, eval_lm, fairseq, perplexity  # noqa: E402
+from fairseq_fwp.recipes.pipeline import PLUGIN_DIR, eval_lm, fairseq, perplexity  # noqa: E402
 
 HELD_OUT_ARTICLES = 32  # of the 64 articles of test.txt
 TITLE = re.compile(r"^ = [^=].* = $")

@@ -15,7 +15,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
-from pipeline import (  # noqa: E402
+from fairseq_fwp.recipes.pipeline import (  # noqa: E402
     bleu, eval_lm, generate, perplexity, preprocess_lm, preprocess_translation, train_lm,
     train_translation, train_words_per_second,
 )

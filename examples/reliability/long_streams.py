@@ -15,6 +15,7 @@ every step), and the same with beta near 1 and values 10x larger. float32
 and bfloat16 inputs (the ops accumulate in float32).
 """
 import argparse
+import json
 import math
 import os
 import sys
@@ -66,11 +67,11 @@ def run(rule_name, inputs, dtype, tokens, segment, dim=64, heads=4, seed=0):
         layer.start_segment(position, training=False)
         out = layer(segment_inputs(inputs, segment, dim, generator).to(dtype), None, None)[0].float()
         state = layer.streams.last(False)
-        W = state["fast_weight"]
+        W = state.memory.fast_weight
         finite &= bool(torch.isfinite(out).all() and torch.isfinite(W).all())
         max_out = max(max_out, out.abs().max().item())
-        if state.get("key_sum") is not None:
-            max_z = max(max_z, state["key_sum"].abs().max().item())
+        if state.key_sum is not None:
+            max_z = max(max_z, state.key_sum.abs().max().item())
         for checkpoint in CHECKPOINTS:
             if done == checkpoint or (checkpoint > tokens and done == tokens):
                 result[f"W@{checkpoint}"] = W.abs().max().item()
@@ -78,27 +79,35 @@ def run(rule_name, inputs, dtype, tokens, segment, dim=64, heads=4, seed=0):
     return result
 
 
+def cases():
+    """(rule, inputs, dtype) of every case: the adversarial betas and values only where a beta exists."""
+    return [(rule, inputs, dtype) for rule in RULES for inputs in INPUTS for dtype in (torch.float32, torch.bfloat16)
+            if "beta" not in inputs or "delta" in rule]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=100_000)
     parser.add_argument("--segment", type=int, default=1_000)
+    parser.add_argument("--json", action="store_true", help="one JSON line per case instead of the table")
     args = parser.parse_args()
     if args.tokens % args.segment:
         parser.error("--tokens must be a multiple of --segment")
-    print(f"# {args.tokens} tokens in segments of {args.segment}, one layer d=64, 4 heads, linear phi, "
-          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
     columns = [f"W@{c}" for c in CHECKPOINTS if c <= args.tokens]
-    print("| rule | inputs | dtype | " + " | ".join(f"max abs {c}" for c in columns) + " | max abs out | max z | finite |")
-    print("|---" * (6 + len(columns)) + "|")
-    for rule_name in RULES:
-        for inputs in INPUTS:
-            if "beta" in inputs and "delta" not in rule_name:
-                continue
-            for dtype in (torch.float32, torch.bfloat16):
-                r = run(rule_name, inputs, dtype, args.tokens, args.segment)
-                cells = " | ".join(f"{r[c]:.3g}" if math.isfinite(r[c]) else str(r[c]) for c in columns)
-                print(f"| {rule_name} | {inputs} | {str(dtype)[6:]} | {cells} | {r['max|out|']:.3g} | "
-                      f"{r['max z']:.3g} | {r['finite']} |", flush=True)
+    if not args.json:
+        print(f"# {args.tokens} tokens in segments of {args.segment}, one layer d=64, 4 heads, linear phi, "
+              f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+        print("| rule | inputs | dtype | " + " | ".join(f"max abs {c}" for c in columns)
+              + " | max abs out | max z | finite |")
+        print("|---" * (6 + len(columns)) + "|")
+    for rule_name, inputs, dtype in cases():
+        r = run(rule_name, inputs, dtype, args.tokens, args.segment)
+        if args.json:
+            print(json.dumps({"rule": rule_name, "inputs": inputs, "dtype": str(dtype)[6:], **r}), flush=True)
+            continue
+        cells = " | ".join(f"{r[c]:.3g}" if math.isfinite(r[c]) else str(r[c]) for c in columns)
+        print(f"| {rule_name} | {inputs} | {str(dtype)[6:]} | {cells} | {r['max|out|']:.3g} | "
+              f"{r['max z']:.3g} | {r['finite']} |", flush=True)
 
 
 if __name__ == "__main__":

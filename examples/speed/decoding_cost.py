@@ -23,6 +23,7 @@ sys.path.insert(0, ROOT)
 
 from fairseq import options  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
+from fairseq_fwp.modules.state import buffer_tensors  # noqa: E402
 
 POSITIONS = (16, 256, 1024)
 WINDOW = 32  # tokens timed from each position on (median)
@@ -48,8 +49,7 @@ def build_lm(flags, layers, dim, vocab=1000):
 
 
 def state_bytes(incremental_state):
-    return sum(v.numel() * v.element_size() for buf in incremental_state.values() for v in buf.values()
-               if isinstance(v, torch.Tensor))
+    return sum(x.numel() * x.element_size() for buf in incremental_state.values() for x in buffer_tensors(buf))
 
 
 @torch.no_grad()

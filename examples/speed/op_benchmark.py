@@ -33,7 +33,8 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the checkout's fairseq_fwp, also without `pip install -e .`
 
-from fairseq_fwp.ops import cuda, fast_weight_delta, fast_weight_sum, fla  # noqa: E402
+from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum  # noqa: E402
+from fairseq_fwp.ops.backends import REGISTRY, Call  # noqa: E402
 
 METHODS = ("reference-sum", "reference-delta", "chunked-sum", "chunked-delta", "softmax-sdpa")
 CONFIGS = {"B2-H4-D64": (2, 4, 64), "B1-H8-D64": (1, 8, 64)}
@@ -126,9 +127,13 @@ def gpu_main(lengths):
     print("|---|---|---|---|---|---|---|")
     results = {}
     for name, (B, H, D) in GPU_CONFIGS.items():
-        probe = torch.zeros(1, 1, 2, D, device="cuda", dtype=torch.bfloat16)
-        usable = {"cuda": cuda.kernels_usable(probe, D), "fla": fla.kernels_usable(probe)}
-        methods = [m for m in GPU_METHODS if usable.get(m.split("-")[0], True)]  # no silent fallback
+        call = Call(rule="delta", gated=False, dtype=torch.bfloat16, device=torch.device("cuda"), D=D, Dv=D, T=2,
+                    needs_grad=True)
+        unfit = {name: REGISTRY[name].unfit_reason(call) for name in ("cuda", "fla")}
+        for backend, reason in unfit.items():
+            if reason is not None:
+                print(f"| {name} | | {backend}-* | not run: {reason} | | | |")
+        methods = [m for m in GPU_METHODS if unfit.get(m.split("-")[0]) is None]
         for T in lengths:
             for method in methods:
                 try:

@@ -13,10 +13,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "examples", "quickstart"))
 
 from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
-from pipeline import preprocess_lm, train_lm, train_words_per_second  # noqa: E402
+from fairseq_fwp.recipes.pipeline import preprocess_lm, train_lm, train_words_per_second  # noqa: E402
 
 MODELS = {
     "softmax": ["--fwp-feature-map", "softmax", "--fwp-positions", "on"],

@@ -1,20 +1,28 @@
-"""The --fwp-* flags: one dataclass, shared by the translation and LM models.
+"""The --fwp-* flags: one dataclass, shared by the translation and LM models, and validate(cfg).
 
 Every flag is a dataclass field (fairseq silently drops LM flags that are
 not), and every invalid value fails at argument parsing with a message that
-names the flag and the allowed values.
+names the flag and the allowed values. Every rule that combines flags is
+checked by ``validate``, which each architecture runs when fairseq parses the
+arguments (and applies it to a loaded checkpoint's config); its messages
+name the flags. docs/flags.md lists the flags and the rules.
 """
 import argparse
+import logging
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 
+from ..modules import attention_rules
+from ..modules.fast_weight_attention import UPDATE_RULES
 from ..modules.feature_maps import FEATURE_MAPS, QK_NORMS
 from ..modules.gates import DECAY_FORMS
-from ..modules.transformer_layers import SITES
-from ..modules.fast_weight_attention import UPDATE_RULES
+from ..modules.transformer_layers import SITES, layer_options, softmax_layers, uses_fast_weights
 from ..ops import BACKENDS
+
+logger = logging.getLogger(__name__)
 
 ATTENTION_KINDS = ("softmax",) + FEATURE_MAPS
 ON_OFF = ("on", "off")
@@ -31,9 +39,10 @@ class FastWeightConfig(FairseqDataclass):
     fwp_decay_form: ChoiceEnum(DECAY_FORMS) = field(
         default="mamba2", metadata={"help": "the gated rules' a_t: mamba2 (exp(-A softplus(w.x + dt)), Gated "
                                              "DeltaNet) or logsigmoid (exp(logsigmoid(w.x + b) / 16), GLA)"})
-    fwp_qk_norm: ChoiceEnum(QK_NORMS[:2]) = field(
-        default="sum", metadata={"help": "how phi(q), phi(k) are normalised: sum (Eq. 29) or l2 (DeltaNet; "
-                                          "with --fwp-feature-map silu)"})
+    fwp_qk_norm: ChoiceEnum(QK_NORMS) = field(
+        default="sum", metadata={"help": "how phi(q), phi(k) are normalised at every fast-weight site: sum "
+                                          "(Eq. 29), l2 (DeltaNet; with --fwp-feature-map silu) or none (the delta "
+                                          "rules still normalise with sum: they diverge without)"})
     fwp_short_conv: int = field(
         default=0, metadata={"help": "kernel size of a short causal depthwise convolution on the decoder "
                                       "self-attention's q, k, v projections (0 = none; DeltaNet uses 4)"})
@@ -54,9 +63,9 @@ class FastWeightConfig(FairseqDataclass):
                                          "estimate softmax attention's kernel exp(q.k/sqrt(d)) (off: the paper's "
                                          "Eqs. 31-32 as written; 5-7 BLEU lower on Multi30k, docs/results.md)"})
     fwp_backend: ChoiceEnum(BACKENDS) = field(default="auto", metadata={"help": "fast-weight op backend"})
-    fwp_sum_norm: ChoiceEnum(ON_OFF) = field(
-        default="on", metadata={"help": "normalise phi(q), phi(k) (as --fwp-qk-norm says; Eq. 29 by default); "
-                                         "always on for the delta rules"})
+    fwp_sum_norm: Optional[ChoiceEnum(ON_OFF)] = field(
+        default=None, metadata={"help": "deprecated: --fwp-qk-norm says it (--fwp-sum-norm off is --fwp-qk-norm "
+                                         "none)"})
     fwp_attn_norm: ChoiceEnum(AUTO_ON_OFF) = field(
         default="auto", metadata={"help": "divide outputs by z_t . phi(q_t) (Eqs. 19, 26-28) at every fast-weight "
                                            "site; auto: on for the sum rule (Table 1), off for the others"})
@@ -111,19 +120,47 @@ def add_fwp_args(parser):
     tighten_arg_types(parser)
 
 
-def check_softmax_layers(fwp, layers):
-    """--fwp-softmax-layers names only layers the model has; layers: {stack name: its layer count}.
+# How validate's messages name each layer option: the flag that sets it.
+FLAG_OF_OPTION = {"feature_map": "--fwp-feature-map", "update_rule": "--fwp-update-rule", "qk_norm": "--fwp-qk-norm",
+                  "attention_normalization": "--fwp-attn-norm", "short_conv": "--fwp-short-conv",
+                  "causal": "site"}
 
-    An index any stack has is kept (stacks may differ in depth); one that no stack has would leave a
-    model without the softmax layer the flag asked for.
+
+def validate(cfg, stacks):
+    """Every rule that combines --fwp-* flags; raises ValueError naming the flags. stacks: {"encoder":
+    layer count, "decoder": layer count} of the model (the LM has a decoder only).
+
+    Also upgrades a config that still has --fwp-sum-norm (old checkpoints, old command lines): its
+    meaning moves into --fwp-qk-norm, with a warning that names the new flag.
     """
-    from ..modules.transformer_layers import softmax_layers
+    if cfg.fwp_sum_norm is not None:
+        logger.warning("--fwp-sum-norm is deprecated: --fwp-qk-norm says how phi(q), phi(k) are normalised "
+                       "(--fwp-sum-norm off is --fwp-qk-norm none)")
+        if cfg.fwp_sum_norm == "off":
+            cfg.fwp_qk_norm = "none"
+        cfg.fwp_sum_norm = None
+    for index in sorted(softmax_layers(cfg)):
+        if all(index >= count for count in stacks.values()):
+            counts = " and ".join(f"{count} {name} layers" for name, count in stacks.items())
+            raise ValueError(f"--fwp-softmax-layers {cfg.fwp_softmax_layers}: layer {index} does not exist "
+                             f"(the model has {counts}, counted from 0)")
+    sites = ["decoder-self"] + (["encoder-self", "cross"] if "encoder" in stacks else [])
+    for site in sites:
+        if not any(uses_fast_weights(cfg, site, index) for index in range(max(stacks.values()))):
+            continue
+        options = layer_options(cfg, site, embed_dim=1, num_heads=1)
 
-    for index in sorted(softmax_layers(fwp)):
-        if all(index >= count for count in layers.values()):
-            stacks = " and ".join(f"{count} {name} layers" for name, count in layers.items())
-            raise ValueError(f"--fwp-softmax-layers {fwp.fwp_softmax_layers}: layer {index} does not exist "
-                             f"(the model has {stacks}, counted from 0)")
+        def describe(name, value):
+            if name == "attention_normalization":
+                flag = "--fwp-decoder-attn-norm" if site == "decoder-self" and cfg.fwp_decoder_attn_norm != "auto" \
+                    else "--fwp-attn-norm"
+                return f"{flag} {getattr(cfg, flag[2:].replace('-', '_'))} (attention normalisation "\
+                       f"{'on' if value else 'off'} at the {site} attention)"
+            if name == "causal":
+                return f"the {site} attention"
+            return f"{FLAG_OF_OPTION[name]} {value}"
+
+        attention_rules.check(options, describe)
 
 
 def set_fwp_defaults(args, **overrides):

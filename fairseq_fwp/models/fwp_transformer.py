@@ -3,9 +3,10 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_vaswani_wmt_en_de_big
 
+from ..modules.backend_log import share_backend_log
 from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder, FastWeightTransformerEncoder
-from .fwp_config import add_fwp_args, check_softmax_layers, fast_weight_options, set_fwp_defaults
+from .fwp_config import add_fwp_args, fast_weight_options, set_fwp_defaults, validate
 
 
 @register_model("fwp_transformer")
@@ -24,8 +25,10 @@ class FastWeightTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        check_softmax_layers(args, {"encoder": args.encoder_layers, "decoder": args.decoder_layers})
-        return super().build_model(args, task)
+        validate(args, stacks(args))  # configs that did not come through the parser (built in code)
+        model = super().build_model(args, task)
+        share_backend_log(model)
+        return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -42,8 +45,12 @@ class FastWeightTransformerModel(TransformerModel):
 
 # The paper's MT setting (Table 1): every attention fast-weight, sum rule,
 # attention normalisation (Eq. 19; "auto" keeps it off for a delta-rule
-# decoder, as SPEC.md's default) and sum normalisation (Eq. 29).
-MT_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="sum", fwp_attn_norm="auto", fwp_sum_norm="on")
+# decoder) and sum normalisation (Eq. 29).
+MT_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="sum", fwp_attn_norm="auto", fwp_qk_norm="sum")
+
+
+def stacks(args):
+    return {"encoder": args.encoder_layers, "decoder": args.decoder_layers}
 
 
 @register_model_architecture("fwp_transformer", "fwp_transformer_tiny")
@@ -56,6 +63,7 @@ def fwp_transformer_tiny(args):
         setattr(args, f"{side}_attention_heads", getattr(args, f"{side}_attention_heads", 4))
     set_fwp_defaults(args, **MT_DEFAULTS)
     base_architecture(args)
+    validate(args, stacks(args))
 
 
 @register_model_architecture("fwp_transformer", "fwp_transformer_wmt_en_de_big")
@@ -63,3 +71,4 @@ def fwp_transformer_wmt_en_de_big(args):
     """transformer_vaswani_wmt_en_de_big: 6+6 layers, 1024/4096, 16 heads (d_key = 64)."""
     set_fwp_defaults(args, **MT_DEFAULTS)
     transformer_vaswani_wmt_en_de_big(args)
+    validate(args, stacks(args))

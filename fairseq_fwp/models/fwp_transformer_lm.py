@@ -10,10 +10,10 @@ from fairseq.models.transformer_lm import (
     base_lm_architecture,
 )
 
+from ..modules.backend_log import share_backend_log
 from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder
-from .fwp_config import (ON_OFF, FastWeightConfig, check_softmax_layers, fast_weight_options, set_fwp_defaults,
-                         tighten_arg_types)
+from .fwp_config import ON_OFF, FastWeightConfig, fast_weight_options, set_fwp_defaults, tighten_arg_types, validate
 
 
 @dataclass
@@ -36,7 +36,7 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        check_softmax_layers(args, {"decoder": args.decoder_layers})
+        validate(args, {"decoder": args.decoder_layers})  # configs that did not come through the parser
         if args.fwp_positions == "off":
             args.no_token_positional_embeddings = True
         # fairseq's LM builder hard-codes its own decoder class; let it resolve
@@ -47,12 +47,14 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
             TransformerConfig.from_namespace(args), fast_weight_options(args),
             task.target_dictionary, embed_tokens, no_encoder_attn=True,
         )
-        return cls(decoder)
+        model = cls(decoder)
+        share_backend_log(model)
+        return model
 
 
 # The paper's best LM (Tables 2-3): Delta Net = linear phi + delta rule, sum
 # normalisation, no attention normalisation, no positional encoding.
-LM_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="delta", fwp_attn_norm="off", fwp_sum_norm="on")
+LM_DEFAULTS = dict(fwp_feature_map="linear", fwp_update_rule="delta", fwp_attn_norm="off", fwp_qk_norm="sum")
 
 
 def _lm_defaults(args, layers, dim, heads, ffn):
@@ -81,6 +83,7 @@ def fwp_lm_tiny(args):
     """2 layers of width 64, for tests and the quickstart."""
     _lm_defaults(args, layers=2, dim=64, heads=4, ffn=128)
     base_lm_architecture(args)
+    validate(args, {"decoder": args.decoder_layers})
 
 
 @register_model_architecture("fwp_transformer_lm", "fwp_lm_wiki103_small")
@@ -89,6 +92,7 @@ def fwp_lm_wiki103_small(args):
     _lm_defaults(args, layers=16, dim=128, heads=8, ffn=2048)
     _wiki103_defaults(args)
     base_lm_architecture(args)
+    validate(args, {"decoder": args.decoder_layers})
 
 
 @register_model_architecture("fwp_transformer_lm", "fwp_lm_wiki103_medium")
@@ -97,3 +101,4 @@ def fwp_lm_wiki103_medium(args):
     _lm_defaults(args, layers=16, dim=256, heads=8, ffn=2048)
     _wiki103_defaults(args)
     base_lm_architecture(args)
+    validate(args, {"decoder": args.decoder_layers})

@@ -35,13 +35,15 @@ import torch.nn as nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from ..ops import fast_weight_delta, fast_weight_sum
+from ..ops import fast_weight_delta, fast_weight_step_, fast_weight_sum
 from ..ops.fast_weight import accumulation_dtype
-from . import decoding_state
+from . import attention_rules
+from .backend_log import BackendLog
 from .carried_streams import CarriedStreams
 from .feature_maps import QK_NORMS, build_feature_map, normalize_features
 from .gates import DecayGate, OutputGate
 from .short_convolution import ShortConvolution
+from .state import FastWeightState, rows_per_source
 
 UPDATE_RULES = ("sum", "delta", "gated-sum", "gated-delta")
 
@@ -69,8 +71,9 @@ class FastWeightAttention(nn.Module):
         eps=1e-5,
     ):
         super().__init__()
-        _check_options(embed_dim, num_heads, causal, feature_map, update_rule, qk_norm, attention_normalization,
-                       short_conv)
+        _check_options(dict(embed_dim=embed_dim, num_heads=num_heads, causal=causal, feature_map=feature_map,
+                            update_rule=update_rule, qk_norm=qk_norm, attention_normalization=attention_normalization,
+                            short_conv=short_conv))
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -81,6 +84,7 @@ class FastWeightAttention(nn.Module):
         self.attention_normalization = attention_normalization
         self.output_scaling = output_scaling
         self.backend = backend
+        self.backend_log = BackendLog()  # a model shares one among its layers (share_backend_log)
         self.eps = eps
         self.streams = None  # see enable_carry_over
 
@@ -163,67 +167,96 @@ class FastWeightAttention(nn.Module):
         return out / ((q * z).sum(-1, keepdim=True) + self.eps)
 
     # -- causal ----------------------------------------------------------------
+    #
+    # One call: the state it starts from, then features (through the short convolutions), gates,
+    # attention normalisation, the op that programs and reads the memory, and the output; each a step
+    # of its own below.
 
     def _causal(self, x, key_padding_mask, incremental_state):
-        T, B, _ = x.shape
-        if incremental_state is not None:
-            state = self._get_input_buffer(incremental_state)  # advanced in place
-        else:
-            state = self.streams.start(self.training, B, x.device) if self.streams is not None else {}
+        state = self._starting_state(x, incremental_state)
         keep = None if key_padding_mask is None else ~key_padding_mask  # [B, T]: positions that write
+        one_step = incremental_state is not None and x.shape[0] == 1 and not torch.is_grad_enabled()
         q, k, v = self._causal_features(x, keep, state)
-        beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0) if self.delta else None  # [B, H, T]
-        log_decay = self.decay_gate(x) if self.decay_gate is not None else None
-        if keep is not None:
-            beta = None if beta is None else beta * keep.unsqueeze(1).to(beta.dtype)
-            log_decay = None if log_decay is None else log_decay.masked_fill(~keep.unsqueeze(1), 0.0)
-        acc = accumulation_dtype(q.dtype)
-        one_step = incremental_state is not None and T == 1 and not torch.is_grad_enabled()
-
-        z = None
-        if self.attention_normalization:  # z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18); padded keys are zero
-            z0 = state.get("key_sum")
-            if one_step:  # the incremental state owns z: updated in place
-                z = (k[:, :, 0].to(acc, copy=True) if z0 is None else z0.add_(k[:, :, 0])).unsqueeze(2)
-            else:
-                z = k.to(acc).cumsum(2) if z0 is None else z0.unsqueeze(2) + k.to(acc).cumsum(2)
-            if T:
-                state["key_sum"] = z[:, :, -1]
-            if self.delta:
-                k, beta = self._delta_attention_normalization(k, beta, z)
-
-        if one_step:
-            out = decoding_state.advance_rows(state, q[:, :, 0], k[:, :, 0], v[:, :, 0], _step(beta),
-                                              _step(log_decay), acc).unsqueeze(2).to(q.dtype)
-        else:
-            W0 = decoding_state.fast_weight(state)
-            if self.delta:
-                out, W = fast_weight_delta(q, k, v, beta, W0, log_decay=log_decay, backend=self.backend)
-            else:
-                out, W = fast_weight_sum(q, k, v, W0, log_decay=log_decay, backend=self.backend)
-            decoding_state.store_fast_weight(state, W)
-        if z is not None:
+        beta, log_decay = self._gates(x, keep)
+        z, k, beta = self._attention_normalization(k, beta, state, one_step)
+        out = self._program(q, k, v, beta, log_decay, state, one_step)
+        if z is not None:  # Eq. 19 / Eq. 28
             out = self._normalize_output(out, q, z.to(out.dtype))
-
+        state.feature_draw = self.feature_map.draw
         if incremental_state is not None:
             self._set_input_buffer(incremental_state, state)
         elif self.streams is not None:
             self.streams.end(self.training, state)
         return self._finish(out, x)
 
+    def _starting_state(self, x, incremental_state):
+        """Decoding: the incremental state (advanced in place); carry-over: the stream's; else empty."""
+        if incremental_state is not None:
+            return self._get_input_buffer(incremental_state)
+        if self.streams is None:
+            return FastWeightState()
+        state = self.streams.start(self.training, x.shape[1], x.device)
+        state.check_features(self.feature_map.draw, "the carried state")
+        return state
+
     def _causal_features(self, x, keep, state):
         """phi(q), phi(k) and v ``[B, H, T, .]``, through the short convolutions where there are any
         (their caches in `state` advance); padded positions write nothing."""
-        projected = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
+        projected = [self.q_proj(x), self.k_proj(x), self.v_proj(x)]
         if self.convolutions is not None:
             mask = None if keep is None else keep.t().unsqueeze(-1).to(x.dtype)  # [T, B, 1]
-            for name, conv in self.convolutions.items():
-                inputs = projected[name] if mask is None else projected[name] * mask
-                projected[name], state[f"conv_{name}"] = conv(inputs, state.get(f"conv_{name}"))
-        q, k, v = self._phi(projected["q"]), self._phi(projected["k"]), self._heads(projected["v"])
+            caches = state.convolutions or (None,) * 3
+            results = [conv(inputs if mask is None else inputs * mask, cache)
+                       for conv, inputs, cache in zip(self.convolutions.values(), projected, caches)]
+            projected, state.convolutions = [y for y, _ in results], tuple(cache for _, cache in results)
+        q, k, v = self._phi(projected[0]), self._phi(projected[1]), self._heads(projected[2])
         if keep is not None:
             k = k * keep.unsqueeze(1).unsqueeze(-1).to(k.dtype)
         return q, k, v
+
+    def _gates(self, x, keep):
+        """beta (Eq. 21: the delta rules' write strength) and log a (the gated rules' decay) ``[B, H, T]``,
+        or None; padded positions neither write nor decay."""
+        beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0) if self.delta else None
+        log_decay = self.decay_gate(x) if self.decay_gate is not None else None
+        if keep is not None:
+            beta = None if beta is None else beta * keep.unsqueeze(1).to(beta.dtype)
+            log_decay = None if log_decay is None else log_decay.masked_fill(~keep.unsqueeze(1), 0.0)
+        return beta, log_decay
+
+    def _attention_normalization(self, k, beta, state, one_step):
+        """z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18; padded keys are zero) where attention normalisation is
+        on (None otherwise), kept in `state`; for the delta rules also the normalised retrieval's k and beta
+        (Eqs. 26-28). Returns (z [B, H, T, D] or None, k, beta)."""
+        if not self.attention_normalization:
+            return None, k, beta
+        acc = accumulation_dtype(k.dtype)
+        z0 = state.key_sum
+        if one_step:  # the incremental state owns z: updated in place
+            z = (k[:, :, 0].to(acc, copy=True) if z0 is None else z0.add_(k[:, :, 0])).unsqueeze(2)
+        else:
+            z = k.to(acc).cumsum(2) if z0 is None else z0.unsqueeze(2) + k.to(acc).cumsum(2)
+        if k.shape[2]:
+            state.key_sum = z[:, :, -1]
+        if self.delta:
+            k, beta = self._delta_attention_normalization(k, beta, z)
+        return z, k, beta
+
+    def _program(self, q, k, v, beta, log_decay, state, one_step):
+        """The op: writes every token into the memory (sum or delta rule, Eqs. 17, 20-24) and reads it
+        with each query (Eqs. 11, 25); one step of the same backend while decoding."""
+        report = self.backend_log.note
+        if one_step:
+            out = fast_weight_step_(state.memory, q[:, :, 0], k[:, :, 0], v[:, :, 0], _step(beta),
+                                    log_decay=_step(log_decay), backend=self.backend, on_choice=report)
+            return out.unsqueeze(2).to(q.dtype)
+        W0 = state.memory.materialized()
+        if self.delta:
+            out, W = fast_weight_delta(q, k, v, beta, W0, log_decay=log_decay, backend=self.backend, on_choice=report)
+        else:
+            out, W = fast_weight_sum(q, k, v, W0, log_decay=log_decay, backend=self.backend, on_choice=report)
+        state.memory.hold_(W)
+        return out
 
     def _delta_attention_normalization(self, k, beta, z):
         """Eqs. 26-28: normalise the retrieval vbar_t by d_t = z_{t-1} . phi(k_t).
@@ -245,9 +278,14 @@ class FastWeightAttention(nn.Module):
 
         Whoever feeds the segments calls ``start_segment`` before each one
         (the task fwp_stream_lm does); carried_streams.py says how. Incremental
-        decoding ignores the carried state.
+        decoding ignores the carried state. Random features stop being redrawn
+        per training step: a carried memory is only meaningful in the features
+        it was written with (whoever feeds the segments may move to another
+        draw where the streams start from zero: fix_features).
         """
         self.streams = CarriedStreams()
+        if self.feature_map.draw is not None:
+            self.feature_map.fix_features(self.feature_map.draw)
 
     def start_segment(self, position, training):
         """Before the segment at `position` of the training or evaluation streams (CarriedStreams)."""
@@ -266,20 +304,19 @@ class FastWeightAttention(nn.Module):
     def _non_causal(self, query, key, key_padding_mask, incremental_state, static_kv):
         q = self._phi(self.q_proj(query))
         cached = incremental_state is not None and static_kv
-        saved = self._get_input_buffer(incremental_state) if cached else {}
-        if "fast_weight" not in saved:
+        state = self._get_input_buffer(incremental_state) if cached else FastWeightState()
+        if state.memory.fast_weight is None:
             # Beam search repeats each source once per beam: one memory per source serves its rows.
-            g = decoding_state.rows_per_source(key, key_padding_mask) if cached else 1
+            g = rows_per_source(key, key_padding_mask) if cached else 1
             mask = None if key_padding_mask is None else key_padding_mask[::g]
-            saved["fast_weight"], saved["key_sum"] = self._source_memory(key[:, ::g], mask)
-            saved[decoding_state.MEMORY_ROWS] = torch.tensor(g)
+            W, state.key_sum = self._source_memory(key[:, ::g], mask)
+            state.memory.hold_(W)
+            state.rows_per_memory = g
             if cached:
-                self._set_input_buffer(incremental_state, saved)
-        W, z = saved["fast_weight"], saved["key_sum"]
-        out = decoding_state.read_memory(W, q)
+                self._set_input_buffer(incremental_state, state)
+        out = state.read_sources(q)
         if self.attention_normalization:
-            z = z.repeat_interleave(decoding_state.memory_rows(saved), 0)
-            out = self._normalize_output(out, q, z.unsqueeze(2).to(q.dtype))
+            out = self._normalize_output(out, q, state.key_sums_per_row().unsqueeze(2).to(q.dtype))
         return self._finish(out, query)
 
     def _source_memory(self, key, key_padding_mask):
@@ -294,19 +331,18 @@ class FastWeightAttention(nn.Module):
     # -- incremental state (fairseq interface) -----------------------------------
 
     def _get_input_buffer(self, incremental_state):
-        result = self.get_incremental_state(incremental_state, "fwp_state")
-        return result if result is not None else {}
+        """This layer's FastWeightState in fairseq's incremental state (a new, empty one at first)."""
+        state = self.get_incremental_state(incremental_state, "fwp_state")
+        return state if state is not None else FastWeightState()
 
-    def _set_input_buffer(self, incremental_state, buffer):
-        return self.set_incremental_state(incremental_state, "fwp_state", buffer)
+    def _set_input_buffer(self, incremental_state, state):
+        return self.set_incremental_state(incremental_state, "fwp_state", state)
 
     def reorder_incremental_state(self, incremental_state, new_order):
-        """Beam search reorders hypotheses (decoding_state.py)."""
-        buffer = self._get_input_buffer(incremental_state)
-        if buffer:
-            reorder = decoding_state.reorder_rows if self.causal else decoding_state.reorder_sources
-            reorder(buffer, new_order)
-            self._set_input_buffer(incremental_state, buffer)
+        """Beam search reorders hypotheses (state.py)."""
+        state = self.get_incremental_state(incremental_state, "fwp_state")
+        if state is not None:
+            state.reorder_(new_order) if self.causal else state.reorder_sources_(new_order)
         return incremental_state
 
     def extra_repr(self):
@@ -320,22 +356,12 @@ def _step(x):
     return None if x is None else x[:, :, 0]
 
 
-def _check_options(embed_dim, num_heads, causal, feature_map, update_rule, qk_norm, attention_normalization,
-                   short_conv):
-    """Combinations the layer refuses, each with the reason."""
-    if embed_dim % num_heads:
-        raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-    if update_rule not in UPDATE_RULES:
-        raise ValueError(f"update_rule must be one of {', '.join(UPDATE_RULES)}; got {update_rule!r}")
-    if qk_norm not in QK_NORMS:
-        raise ValueError(f"qk_norm must be one of {', '.join(QK_NORMS)}; got {qk_norm!r}")
-    if update_rule != "sum" and not causal:
-        raise ValueError(f"the {update_rule} rule is only implemented for causal (decoder self-) attention")
-    if short_conv and not causal:
-        raise ValueError("the short convolution is only for causal (decoder self-) attention")
-    if update_rule in ("delta", "gated-delta") and qk_norm == "none":
-        raise ValueError("the delta rules need normalised keys (qk_norm sum or l2): they diverge without")
-    if update_rule.startswith("gated") and attention_normalization:
-        raise ValueError("attention normalisation is for the paper's rules; the gated rules use the output gate")
-    if feature_map == "silu" and (qk_norm == "sum" or attention_normalization):
-        raise ValueError("silu features are signed: use them with qk_norm l2 and without attention normalisation")
+def _check_options(options):
+    """What the layer's arguments must be, alone and together (attention_rules.py)."""
+    if options["embed_dim"] % options["num_heads"]:
+        raise ValueError(f"embed_dim ({options['embed_dim']}) must be divisible by num_heads ({options['num_heads']})")
+    if options["update_rule"] not in UPDATE_RULES:
+        raise ValueError(f"update_rule must be one of {', '.join(UPDATE_RULES)}; got {options['update_rule']!r}")
+    if options["qk_norm"] not in QK_NORMS:
+        raise ValueError(f"qk_norm must be one of {', '.join(QK_NORMS)}; got {options['qk_norm']!r}")
+    attention_rules.check(options, lambda name, value: f"{name}={value!r}")

@@ -57,6 +57,11 @@ class FeatureMap(nn.Module):
         """Use the features of draw number `draw` (0: those of initialisation) from now on, and stop
         redrawing them per training step; deterministic maps ignore it."""
 
+    @property
+    def draw(self):
+        """The number of the features in use (random maps), or None (deterministic maps)."""
+        return None
+
 
 def start_training_step(model):
     """Before a training forward of `model`: every random feature map advances its schedule."""
@@ -125,7 +130,7 @@ class PerformerFeatureMap(FeatureMap):
     - ``redraw_interval``: new features every that many training forwards
       of the model (1: every mini-batch, the paper's Sec. 5.3; 0: never, the
       features drawn at initialisation stay). Evaluation never redraws.
-    - ``input_scaling``: multiply x by head_dim^-1/4 first, so that
+    - ``input_scaling`` (default on, as --fwp-performer-scaling): multiply x by head_dim^-1/4 first, so that
       phi(q) . phi(k) estimates exp(q . k / sqrt(d)), the kernel of softmax
       attention, as Choromanski et al.'s own code does; without it the
       estimated kernel exp(q . k) is far peakier and its random-feature
@@ -138,7 +143,7 @@ class PerformerFeatureMap(FeatureMap):
     that share a seed draw the same features at the same steps.
     """
 
-    def __init__(self, head_dim, num_features=None, seed=None, redraw_interval=1, input_scaling=False):
+    def __init__(self, head_dim, num_features=None, seed=None, redraw_interval=1, input_scaling=True):
         super().__init__()
         num_features = head_dim if num_features is None else num_features
         if not isinstance(num_features, int) or num_features < 1:
@@ -173,6 +178,10 @@ class PerformerFeatureMap(FeatureMap):
     def fix_features(self, draw):
         self.redraw_interval = 0
         self._draw(draw)
+
+    @property
+    def draw(self):
+        return int(self.num_draws) - 1
 
     @torch.no_grad()
     def training_step(self):

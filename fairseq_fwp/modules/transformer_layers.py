@@ -22,7 +22,7 @@ class FastWeightEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
         if not uses_fast_weights(self.fwp, "encoder-self", self.index):
             return super().build_self_attention(embed_dim, cfg)
-        return build_fast_weight_attention(self.fwp, embed_dim, cfg.encoder.attention_heads, causal=False)
+        return build_fast_weight_attention(self.fwp, "encoder-self", embed_dim, cfg.encoder.attention_heads)
 
 
 class FastWeightDecoderLayer(TransformerDecoderLayerBase):
@@ -33,14 +33,13 @@ class FastWeightDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if not uses_fast_weights(self.fwp, "decoder-self", self.index):
             return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
-        return build_fast_weight_attention(self.fwp, embed_dim, cfg.decoder.attention_heads, causal=True)
+        return build_fast_weight_attention(self.fwp, "decoder-self", embed_dim, cfg.decoder.attention_heads)
 
     def build_encoder_attention(self, embed_dim, cfg):
         if not uses_fast_weights(self.fwp, "cross", self.index):
             return super().build_encoder_attention(embed_dim, cfg)
-        return build_fast_weight_attention(
-            self.fwp, embed_dim, cfg.decoder.attention_heads, causal=False, kdim=cfg.encoder.embed_dim
-        )
+        return build_fast_weight_attention(self.fwp, "cross", embed_dim, cfg.decoder.attention_heads,
+                                           kdim=cfg.encoder.embed_dim)
 
 
 def softmax_layers(cfg):
@@ -55,13 +54,15 @@ def uses_fast_weights(cfg, site, index):
     return {"all": True, "self": site != "cross", "decoder-self": site == "decoder-self"}[cfg.fwp_sites]
 
 
-def build_fast_weight_attention(cfg, embed_dim, num_heads, *, causal, kdim=None):
-    """A FastWeightAttention configured from the --fwp-* values in cfg.
+def layer_options(cfg, site, embed_dim, num_heads):
+    """The FastWeightAttention arguments of a site ("encoder-self", "decoder-self" or "cross") from the
+    --fwp-* values in cfg: how each flag reaches the layer.
 
     FAVOR+ seeds come from torch's RNG, which fairseq seeds with --seed before
     building the model: every layer differs, every run and rank agrees.
     """
     name = str(cfg.fwp_feature_map)  # fairseq's dataclass choices are enums
+    causal = site == "decoder-self"
     options = {}
     if name == "dpfp":
         options["nu"] = cfg.fwp_dpfp_nu
@@ -69,29 +70,35 @@ def build_fast_weight_attention(cfg, embed_dim, num_heads, *, causal, kdim=None)
         options.update(num_features=cfg.fwp_performer_features or embed_dim // num_heads,
                        redraw_interval=cfg.fwp_performer_redraw, input_scaling=cfg.fwp_performer_scaling == "on")
     rule = str(cfg.fwp_update_rule) if causal else "sum"  # the rule programs the decoder self-attention
-    delta = rule in ("delta", "gated-delta")
-    return FastWeightAttention(
-        embed_dim, num_heads, kdim=kdim, vdim=kdim, causal=causal,
-        feature_map=name, feature_map_options=options,
-        update_rule=rule,
-        qk_norm=str(cfg.fwp_qk_norm) if delta or cfg.fwp_sum_norm == "on" else "none",  # SPEC: always on for delta
-        attention_normalization=attention_normalization(cfg, causal, rule),
-        output_scaling=cfg.fwp_output_scaling == "on",
-        decay_form=str(cfg.fwp_decay_form),
-        short_conv=cfg.fwp_short_conv if causal else 0,
-        output_gate=cfg.fwp_output_gate == "on",
-        backend=cfg.fwp_backend,
-    )
+    qk_norm = str(cfg.fwp_qk_norm)
+    if qk_norm == "none" and rule in ("delta", "gated-delta"):
+        qk_norm = "sum"  # the delta rules always normalise their keys (Eq. 29): they diverge without
+    return dict(
+        embed_dim=embed_dim, num_heads=num_heads, causal=causal, feature_map=name, feature_map_options=options,
+        update_rule=rule, qk_norm=qk_norm, attention_normalization=attention_normalization(cfg, causal, rule),
+        output_scaling=cfg.fwp_output_scaling == "on", decay_form=str(cfg.fwp_decay_form),
+        short_conv=cfg.fwp_short_conv if causal else 0, output_gate=cfg.fwp_output_gate == "on",
+        backend=str(cfg.fwp_backend))
+
+
+def build_fast_weight_attention(cfg, site, embed_dim, num_heads, kdim=None):
+    """A FastWeightAttention for `site`, configured from the --fwp-* values in cfg."""
+    return FastWeightAttention(**layer_options(cfg, site, embed_dim, num_heads), kdim=kdim, vdim=kdim)
 
 
 def attention_normalization(cfg, decoder_self, rule):
-    """--fwp-decoder-attn-norm for the decoder self-attention (when not auto), else --fwp-attn-norm;
-    auto means on for the sum rule (the paper's Table 1) and off for the others (SPEC.md; the gated
-    rules take no attention normalisation)."""
+    """--fwp-decoder-attn-norm for the decoder self-attention (when not auto), else --fwp-attn-norm.
+
+    auto: on for the sum rule with positive features (the paper's Table 1), off for the other rules
+    (the delta rule's default in the paper's LMs; the gated rules use the output gate) and for signed
+    (silu) features, whose sums can be zero.
+    """
     value = cfg.fwp_attn_norm
     if decoder_self and cfg.fwp_decoder_attn_norm != "auto":
         value = cfg.fwp_decoder_attn_norm
-    return rule == "sum" if value == "auto" else value == "on"
+    if value == "auto":
+        return rule == "sum" and str(cfg.fwp_feature_map) != "silu"
+    return value == "on"
 
 
 def _wrap(layer, cfg):

@@ -18,7 +18,9 @@ import torch
 
 from .chunked_gated import gated_chunked
 from .chunking import DEFAULT_CHUNK_SIZE, default_chunk_size, from_chunks, to_chunks  # noqa: F401
+from .memory import torch_step_
 from .reference import delta_step, sum_step
+
 
 def _t(x):
     return x.transpose(-1, -2)
@@ -260,3 +262,28 @@ def fast_weight_delta_state_chunked(k, v, beta, state, chunk_size=None, log_deca
         U = Uv[:, :, n] if S is None else Uv[:, :, n] - Wk[:, :, n] @ S
         S = _t(K[:, :, n]) @ U if S is None else S + _t(K[:, :, n]) @ U
     return _t(S)
+
+
+# -- the backend protocol (backends.py) -------------------------------------------------
+
+READS_HALF_TYPES = False
+
+
+def unfit_reason(call):
+    return None  # pure torch: any device and dtype
+
+
+def sequence(call, q, k, v, beta, state, log_decay):
+    if call.rule == "sum":
+        return fast_weight_sum_chunked(q, k, v, state, log_decay=log_decay)
+    return fast_weight_delta_chunked(q, k, v, beta, state, log_decay=log_decay)
+
+
+def final_state(call, k, v, beta, state, log_decay):
+    if call.rule == "sum":
+        return fast_weight_sum_state_chunked(k, v, state, log_decay=log_decay)
+    return fast_weight_delta_state_chunked(k, v, beta, state, log_decay=log_decay)
+
+
+def step_(call, memory, q, k, v, beta, log_decay):
+    return torch_step_(memory, q, k, v, beta, log_decay, call.accumulation_dtype)

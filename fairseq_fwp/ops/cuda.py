@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import warnings
 
 import torch
 
@@ -122,10 +121,9 @@ def load_extension():
             except Exception as err:  # compiler, ninja or CUDA toolchain missing or failing
                 lines = str(err).strip().splitlines()
                 raise BackendUnavailableError(
-                    "backend 'cuda' is not available: the fast-weight extension is not prebuilt and its JIT "
-                    f"build failed ({type(err).__name__}: {lines[-1] if lines else ''}). It needs a C++ "
-                    "compiler and ninja (pip install ninja), and for GPUs nvcc and a CUDA build of torch; "
-                    "backend='chunked' works everywhere meanwhile.") from err
+                    "the fast-weight extension is not prebuilt and its JIT build failed "
+                    f"({type(err).__name__}: {lines[-1] if lines else ''}); it needs a C++ compiler and ninja "
+                    "(pip install ninja), and for GPUs nvcc and a CUDA build of torch") from err
         _extension = extension
     return _extension
 
@@ -145,31 +143,23 @@ def launch_fits(extension, D, Dv, dtype, limit):
     return D <= extension.max_features and max(extension.shared_memory_bytes(D, CHUNK, _rows_per_tile(D, Dv), acc_size)) <= limit
 
 
-def kernels_usable(q, Dv):
-    """Whether backend="cuda" can launch on q with values of size Dv.
-
-    False (with a warning, shown once per call site) when the extension has
-    no CUDA kernels or fails to build, or when D or the shared memory a
-    launch needs is above the device's limits; the caller falls back.
-    """
-    if not q.is_cuda:
-        return False
+def unfit_reason(call):
+    """Why the csrc kernels cannot run `call` (a backends.Call); None if they can."""
+    if call.gated:
+        return "the csrc kernels have no gated rules (decay)"
+    if call.device.type != "cuda":
+        return f"the csrc kernels run on CUDA tensors, but the inputs are on {call.device}"
     try:
         extension = load_extension()
     except BackendUnavailableError as err:
-        warnings.warn(f"{err} Falling back to backend='chunked'.", stacklevel=3)
-        return False
+        return str(err)
     if not extension.has_cuda_kernels():
-        warnings.warn("the fast-weight extension was built without CUDA kernels: using backend='chunked'",
-                      stacklevel=3)
-        return False
-    limit = device_shared_memory_limit(q.device)
-    if not launch_fits(extension, q.shape[-1], Dv, q.dtype, limit):
-        warnings.warn(f"the CUDA kernels cannot launch for D = {q.shape[-1]} and {q.dtype} on this device "
-                      f"(D <= {extension.max_features} and {limit} bytes of shared memory per block): using "
-                      "backend='chunked'", stacklevel=3)
-        return False
-    return True
+        return "the fast-weight extension was built without CUDA kernels"
+    limit = device_shared_memory_limit(call.device)
+    if not launch_fits(extension, call.D, call.Dv, call.dtype, limit):
+        return (f"a launch for D = {call.D} in {call.dtype} does not fit this device (D <= "
+                f"{extension.max_features} and {limit} bytes of shared memory per block)")
+    return None
 
 
 class _FastWeightKernel(torch.autograd.Function):
@@ -217,10 +207,24 @@ def fast_weight_delta_kernel(q, k, v, beta, state, chunk=None):
     return _apply(q, k, v, beta, state, chunk)
 
 
-def fast_weight_sum_state_kernel(k, v, state):
-    """Final fast weight only, through the kernels (the keys stand in for queries)."""
-    return _apply(k, k, v, None, state, None)[1]
+# -- the backend protocol (backends.py) -------------------------------------------------
+
+READS_HALF_TYPES = True  # the kernels read half types and accumulate in float32
 
 
-def fast_weight_delta_state_kernel(k, v, beta, state):
+def sequence(call, q, k, v, beta, state, log_decay):
+    return _apply(q, k, v, beta, state, None)
+
+
+def final_state(call, k, v, beta, state, log_decay):
     return _apply(k, k, v, beta, state, None)[1]
+
+
+@torch.no_grad()
+def step_(call, memory, q, k, v, beta, log_decay):
+    """One step of the kernels (T = 1), its new state copied into the memory's W."""
+    W = memory.fast_weight_for(q, v, call.accumulation_dtype)
+    one = lambda x: None if x is None else x.unsqueeze(2)  # noqa: E731  one step of a sequence
+    out, new = _apply(one(q), one(k), one(v), one(beta), W, None)
+    W.copy_(new)
+    return out[:, :, 0]

@@ -22,7 +22,6 @@ interpreter (``TRITON_INTERPRET=1`` before triton is imported, inside
 form above is tested on machines without a GPU (tests/test_fla_interpreted.py);
 the interpreter computes bfloat16 chunks wrongly, so those are refused there.
 """
-import collections
 import functools
 import importlib
 import os
@@ -37,8 +36,6 @@ MAX_FEATURES = 256  # chunk_delta_rule's largest head size
 LOG_FULL_FORGET = -110.0
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
-# What a gated call needs of the kernels: the delta rule? gradients?
-GatedUse = collections.namedtuple("GatedUse", "delta needs_grad")
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,8 +47,7 @@ def kernels():
         gated_delta_rule = importlib.import_module("fla.ops.gated_delta_rule")
     except ImportError as err:
         raise BackendUnavailableError(
-            f"backend 'fla' needs flash-linear-attention ({err}): pip install fla-core triton "
-            "(or pip install -e .[gpu]); backend='chunked' works everywhere meanwhile") from err
+            f"fla needs flash-linear-attention ({err}): pip install fla-core triton (or pip install -e .[gpu])") from err
     return {
         ("sum", "chunk"): simple_gla.chunk_simple_gla,
         ("sum", "recurrent"): simple_gla.fused_recurrent_simple_gla,
@@ -69,41 +65,25 @@ def interpreting():
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def unfit_reason(x, gated=None):
-    """Why fla cannot take x ([B, H, T, D]) for a call with `gated` (a GatedUse, or None for the
-    paper's rules); None if it can (fla itself not checked)."""
-    if not (x.is_cuda or interpreting()):
-        return (f"backend 'fla' runs on CUDA tensors, but q is on {x.device} "
+def unfit_reason(call):
+    """Why fla cannot run `call` (a backends.Call); None if it can."""
+    form = kernel_form(call.dtype, call.T)
+    if not (call.device.type == "cuda" or interpreting()):
+        return (f"fla runs on CUDA tensors, but the inputs are on {call.device} "
                 "(on the CPU only through Triton's interpreter, TRITON_INTERPRET=1)")
-    if x.dtype not in KERNEL_DTYPES:
-        return f"backend 'fla' takes float32, float16 or bfloat16, got {x.dtype}"
-    if not x.is_cuda and x.dtype == torch.bfloat16 and kernel_form(x.dtype, x.shape[2]) == "chunk":
-        return ("Triton's interpreter computes fla's bfloat16 chunk kernels wrongly (silently): on the CPU "
-                "use float16 or float32")
-    if x.shape[-1] > MAX_FEATURES:
-        return f"backend 'fla' takes feature sizes D <= {MAX_FEATURES}, got D = {x.shape[-1]}"
-    if gated is not None and gated.delta and gated.needs_grad and kernel_form(x.dtype, x.shape[2]) == "recurrent":
+    if call.dtype not in KERNEL_DTYPES:
+        return f"fla takes float32, float16 or bfloat16, got {call.dtype}"
+    if call.device.type != "cuda" and call.dtype == torch.bfloat16 and form == "chunk":
+        return "Triton's interpreter computes fla's bfloat16 chunk kernels wrongly (silently): use float16 or float32"
+    if call.D > MAX_FEATURES:
+        return f"fla takes feature sizes D <= {MAX_FEATURES}, got D = {call.D}"
+    if call.gated and call.rule == "delta" and call.needs_grad and form == "recurrent":
         return "fla's recurrent gated delta rule (float32, or one step) has no backward pass"
-    return None
-
-
-def kernels_usable(x, gated=None):
-    """Whether backend="auto" may send x to fla: a CUDA tensor that fla takes, and fla installed."""
-    if not x.is_cuda or unfit_reason(x, gated) is not None:
-        return False
     try:
         kernels()
-    except BackendUnavailableError:
-        return False
-    return True
-
-
-def check_usable(x, gated=None):
-    """Raises BackendUnavailableError saying why fla cannot take x."""
-    reason = unfit_reason(x, gated)
-    if reason is not None:
-        raise BackendUnavailableError(reason + "; backend='chunked' works everywhere")
-    kernels()
+    except BackendUnavailableError as err:
+        return str(err)
+    return None
 
 
 def kernel_form(dtype, T):
@@ -141,20 +121,25 @@ def _run(rule, q, k, v, beta, state, log_decay):
     return to_fla(out), final.transpose(-1, -2)
 
 
-def fast_weight_sum_fla(q, k, v, state, log_decay=None):
-    """Sum rule (Eq. 17; gated with log_decay); ``state`` W ``[B, H, Dv, D]`` in float32, or None for zeros."""
-    return _run("sum", q, k, v, None, state, log_decay)
+# -- the backend protocol (backends.py) -------------------------------------------------
+
+READS_HALF_TYPES = True  # the kernels read half types and accumulate in float32
 
 
-def fast_weight_delta_fla(q, k, v, beta, state, log_decay=None):
-    """Delta rule (Eqs. 20, 24, 25; gated with log_decay); see fast_weight_sum_fla."""
-    return _run("delta", q, k, v, beta, state, log_decay)
+def sequence(call, q, k, v, beta, state, log_decay):
+    return _run(call.rule, q, k, v, beta, state, log_decay)
 
 
-# fla has no state-only kernels: the full ones, with the keys as queries and the outputs dropped.
-def fast_weight_sum_state_fla(k, v, state, log_decay=None):
-    return fast_weight_sum_fla(k, k, v, state, log_decay)[1]
+def final_state(call, k, v, beta, state, log_decay):
+    """fla has no state-only kernels: the full ones, with the keys as queries and the outputs dropped."""
+    return _run(call.rule, k, k, v, beta, state, log_decay)[1]
 
 
-def fast_weight_delta_state_fla(k, v, beta, state, log_decay=None):
-    return fast_weight_delta_fla(k, k, v, beta, state, log_decay)[1]
+@torch.no_grad()
+def step_(call, memory, q, k, v, beta, log_decay):
+    """One step of the recurrent kernel (T = 1), its new state copied into the memory's W."""
+    W = memory.fast_weight_for(q, v, call.accumulation_dtype)
+    one = lambda x: None if x is None else x.unsqueeze(2)  # noqa: E731  one step of a sequence
+    out, new = _run(call.rule, one(q), one(k), one(v), one(beta), W, one(log_decay))
+    W.copy_(new)
+    return out[:, :, 0]

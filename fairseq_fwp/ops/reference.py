@@ -100,3 +100,41 @@ def fast_weight_delta_state_reference(k, v, beta, state=None, decay=None):
     for t in range(k.shape[2]):
         W = delta_write(W, k[:, :, t], v[:, :, t], beta[:, :, t], _at(decay, t))
     return W
+
+
+# -- the backend protocol (backends.py) -------------------------------------------------
+
+READS_HALF_TYPES = False
+
+
+def unfit_reason(call):
+    return None  # any device and dtype
+
+
+def _decay(log_decay):
+    return None if log_decay is None else log_decay.exp()
+
+
+def sequence(call, q, k, v, beta, state, log_decay):
+    if call.rule == "sum":
+        return fast_weight_sum_reference(q, k, v, state, _decay(log_decay))
+    return fast_weight_delta_reference(q, k, v, beta, state, _decay(log_decay))
+
+
+def final_state(call, k, v, beta, state, log_decay):
+    if call.rule == "sum":
+        return fast_weight_sum_state_reference(k, v, state, _decay(log_decay))
+    return fast_weight_delta_state_reference(k, v, beta, state, _decay(log_decay))
+
+
+@torch.no_grad()
+def step_(call, memory, q, k, v, beta, log_decay):
+    W = memory.fast_weight_for(q, v, call.accumulation_dtype)
+    q, k, v = (x.to(W.dtype) for x in (q, k, v))
+    decay = None if log_decay is None else log_decay.to(W.dtype).exp()
+    if call.rule == "sum":
+        out, new = sum_step(W, q, k, v, decay)
+    else:
+        out, new = delta_step(W, q, k, v, beta.to(W.dtype), decay)
+    W.copy_(new)
+    return out

@@ -44,3 +44,17 @@ def check_inputs(q, k, v, beta=None, state=None, decay=None, log_decay=None):
         if gate is not None:
             _check_tensor(name, gate, (B, H, T), q)
     return B, H, T, D, Dv
+
+
+def check_step_inputs(q, k, v, beta=None, log_decay=None):
+    """The layouts of one decoding step: q, k ``[B, H, D]``, v ``[B, H, Dv]``, beta and log_decay ``[B, H]``."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        shape = _describe(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"q must have shape [B, H, D], got {shape}")
+    B, H, D = q.shape
+    _check_tensor("q", q, ("B", "H", "D"), q)
+    _check_tensor("k", k, (B, H, D), q)
+    _check_tensor("v", v, (B, H, "Dv"), q)
+    for name, x in (("beta", beta), ("log_decay", log_decay)):
+        if x is not None:
+            _check_tensor(name, x, (B, H), q)

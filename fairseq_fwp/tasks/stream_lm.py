@@ -180,8 +180,7 @@ class StreamLanguageModelingTask(FairseqTask):
             if not layers:
                 logger.warning("--fwp-carry-over on: the model has no causal fast-weight layer; nothing is carried")
             for layer in layers:
-                layer.enable_carry_over()
-                layer.feature_map.fix_features(0)  # random features: one draw per epoch (begin_epoch)
+                layer.enable_carry_over()  # random features: one draw per epoch from now on (begin_epoch)
             self._carrying_layers.extend(layers)  # eval-lm may build an ensemble: every model's layers
         return model
 

@@ -63,7 +63,7 @@ def build_phi(name, d_key=D_KEY):
     kind, size = match.group(1), int(match.group(2))
     if kind == "dpfp":
         return build_feature_map("dpfp", d_key, nu=size)
-    return build_feature_map("performer", d_key, num_features=size)
+    return build_feature_map("performer", d_key, num_features=size, input_scaling=False)  # the paper's Eqs. 31-32
 
 
 # ---------------------------------------------------------------- memories

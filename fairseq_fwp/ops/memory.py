@@ -1,4 +1,4 @@
-"""One decoding step of each rule, updating the fast weight in place (no autograd).
+"""A causal memory while decoding (``Memory``), and the pure-torch decoding step of each rule.
 
 An incremental decoder owns its fast weight W ``[B, H, Dv, D]`` (float32, or
 float64) and advances it one token at a time. The functional step
@@ -25,8 +25,20 @@ delta rule), t (D + Dv) numbers against D Dv. ``factored_step`` advances
 that form; below ``factored_length_limit(D, Dv)`` tokens it is the smaller
 one, and beam search, which copies every hypothesis's state at every step,
 copies less.
+
+``Memory`` holds one of the two forms for every row (hypothesis) and moves
+with beam search's reorders: W is gathered into a spare buffer kept beside
+it and the two are swapped, so no state-sized tensor is allocated per step;
+the factors are gathered like a softmax decoder's key/value cache.
+``torch_step_`` is the chunked backend's decoding step (factors while they
+are smaller, then W in place); other backends step on W
+(``Memory.fast_weight_for``).
 """
+import dataclasses
+from typing import Optional
+
 import torch
+from torch import Tensor
 
 
 def _decay_(W, log_decay):
@@ -104,3 +116,76 @@ def factored_step(keys, writes, q, k, v, beta=None, log_decay=None, dtype=torch.
 def materialize(keys, writes):
     """W = writes^T keys ``[B, H, Dv, D]`` (contiguous, owned by the caller)."""
     return writes.transpose(-1, -2) @ keys
+
+
+@dataclasses.dataclass
+class Memory:
+    """The fast weight of every row: W ``[rows, H, Dv, D]``, or its factors (keys ``[rows, H, t, D]`` and
+    writes ``[rows, H, t, Dv]``, W = writes^T keys), or nothing yet (an empty memory)."""
+
+    fast_weight: Optional[Tensor] = None
+    keys: Optional[Tensor] = None
+    writes: Optional[Tensor] = None
+    spare: Optional[Tensor] = None  # W's reorder buffer
+
+    def materialized(self):
+        """W (built from the factors where they hold it), or None for an empty memory."""
+        if self.keys is not None:
+            return materialize(self.keys, self.writes)
+        return self.fast_weight
+
+    def hold_(self, W):
+        """Hold W from now on (the factors are dropped)."""
+        self.fast_weight, self.keys, self.writes = W, None, None
+
+    def fast_weight_for(self, q, v, dtype):
+        """W, held from now on (zeros for an empty memory, in `dtype`), for a step with q ``[rows, H, D]``
+        and v ``[rows, H, Dv]``."""
+        if self.fast_weight is None:
+            W = self.materialized()
+            self.hold_(q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1], dtype=dtype) if W is None else W)
+        return self.fast_weight
+
+    def reorder_(self, new_order):
+        """Gather the rows by new_order (beam search): W into its spare (allocated only when the number of
+        rows changes), the factors into new tensors. An identity order copies nothing."""
+        rows = self.fast_weight if self.fast_weight is not None else self.keys
+        if rows is None or is_identity(new_order, rows.shape[0]):
+            return
+        if self.keys is not None:
+            self.keys, self.writes = self.keys.index_select(0, new_order), self.writes.index_select(0, new_order)
+            return
+        spare = self.spare
+        if spare is None or spare.shape[0] != new_order.numel():
+            spare = self.fast_weight.new_empty((new_order.numel(),) + self.fast_weight.shape[1:])
+        torch.index_select(self.fast_weight, 0, new_order, out=spare)
+        self.fast_weight, self.spare = spare, self.fast_weight
+
+    def detached(self):
+        """A copy that carries no autograd history (the state a next segment starts from)."""
+        return Memory(*(None if x is None else x.detach() for x in (self.fast_weight, self.keys, self.writes)))
+
+    def to(self, device):
+        return Memory(*(None if x is None else x.to(device) for x in (self.fast_weight, self.keys, self.writes)))
+
+
+def torch_step_(memory, q, k, v, beta=None, log_decay=None, dtype=torch.float32):
+    """One token for every row, in pure torch (beta None: the sum rules); advances `memory` in place.
+
+    An empty memory grows as its factors while they are smaller than W (factored_length_limit), then
+    holds W, which later tokens update in place. Returns out ``[rows, H, Dv]``.
+    """
+    if memory.fast_weight is not None:
+        if beta is None:
+            return sum_step_(memory.fast_weight, q, k, v, log_decay)
+        return delta_step_(memory.fast_weight, q, k, v, beta, log_decay)
+    out, keys, writes = factored_step(memory.keys, memory.writes, q, k, v, beta, log_decay, dtype)
+    if keys.shape[2] >= factored_length_limit(k.shape[-1], v.shape[-1]):
+        memory.hold_(materialize(keys, writes))  # W is smaller from here on
+    else:
+        memory.keys, memory.writes = keys, writes
+    return out
+
+
+def is_identity(order, size):
+    return order.numel() == size and torch.equal(order, torch.arange(size, device=order.device))

@@ -7,7 +7,7 @@ fairseq-* command of the current environment.
 import re
 import shutil
 
-from fairseq_fwp.recipes.commands import PLUGIN_DIR, fairseq
+from .commands import PLUGIN_DIR, fairseq
 
 
 def preprocess_translation(raw_dir, dest):
