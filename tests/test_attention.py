@@ -291,7 +291,7 @@ def attention_normalisation_by_site(model):
 
 @pytest.mark.parametrize("extra, sites", [
     ([], {True: {True}, False: {True}}),  # sum rule: Table 1 everywhere
-    (["--fwp-update-rule", "delta"], {True: {False}, False: {True}}),  # delta decoder: off (SPEC)
+    (["--fwp-update-rule", "delta"], {True: {False}, False: {True}}),  # delta decoder: off (the paper's LM setting)
     (["--fwp-update-rule", "delta", "--fwp-attn-norm", "on"], {True: {True}, False: {True}}),
     (["--fwp-update-rule", "delta", "--fwp-decoder-attn-norm", "on"], {True: {True}, False: {True}}),
     (["--fwp-attn-norm", "off", "--fwp-decoder-attn-norm", "on"], {True: {True}, False: {False}}),

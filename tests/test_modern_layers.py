@@ -1,4 +1,4 @@
-"""The layers beyond the paper (issue 18): gated rules, L2-normalised SiLU features, short
+"""The layers beyond the paper: gated rules, L2-normalised SiLU features, short
 convolutions, the output gate and hybrid stacks; each part against its formula, and every
 combination inside real fairseq models (decoding, beam reorders, padding, carried segments)."""
 import math

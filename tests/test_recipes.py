@@ -112,33 +112,31 @@ def test_wikitext103_recipe_prepares_trains_and_evaluates(tmp_path, table, row):
     test_tokens = sum(len(line.split()) + 1 for line in text.read_lines(tmp_path / "raw" / "wikitext-103" /
                                                                           "wiki.test.tokens"))
     assert result["tokens"] == test_tokens  # every token once, in either protocol
-    assert result["perplexity"] > 1 and result["paper_test_perplexity"] == rows.LM_PERPLEXITY[table, row, size]
+    assert result["perplexity"] > 1 and result["paper_test_perplexity"] == rows.WIKITEXT103[table, row].paper[size]
 
 
-@pytest.mark.parametrize("table", list(rows.LM_TABLES))
-def test_every_lm_row_parses_with_its_arch(table):
-    for size in rows.TABLE_SIZES[table]:
-        arch = f"fwp_lm_wiki103_{size}"
-        for row in rows.LM_TABLES[table]:
-            args = parse_args("language_modeling", arch, *rows.lm_row_flags(table, row, size))
-            if "performer" in row and table == "table2":
+def test_every_lm_row_parses_with_its_arch():
+    for (table, name), row in rows.WIKITEXT103.items():
+        for size in row.paper:
+            args = parse_args(row.task, f"fwp_lm_wiki103_{size}", *row.flags_for(size))
+            if "performer" in name and table == "table2":
                 assert args.fwp_performer_features == rows.PERFORMER_M[size]
 
 
 def test_every_translation_row_parses_with_the_big_arch():
-    for row, flags in rows.TABLE1.items():
-        args = parse_args("translation", "fwp_transformer_wmt_en_de_big", *flags)
+    for name, row in rows.WMT14.items():
+        args = parse_args("translation", "fwp_transformer_wmt_en_de_big", *row.flags)
         feature_size = {"softmax": 64, "linear": 64, "performer": 2 * args.fwp_performer_features,
                         "dpfp": 2 * 64 * args.fwp_dpfp_nu}[args.fwp_feature_map]
-        assert row == "standard" or row == "linear" or row.endswith(str(feature_size))
+        assert name == "standard" or name == "linear" or name.endswith(str(feature_size))
 
 
 @pytest.mark.slow
 def test_bad_rows_fail_clearly():
     with pytest.raises(ValueError, match="table3 is reported for medium"):
-        rows.lm_row_flags("table3", "nopos-noattnnorm", "small")
+        rows.wikitext103_row("table3", "nopos-noattnnorm", "small")
     with pytest.raises(ValueError, match="table2 rows are transformer, linear-sum"):
-        rows.lm_row_flags("table2", "dpfp", "small")
+        rows.wikitext103_row("table2", "dpfp", "small")
     proc = subprocess.run([sys.executable, "-m", "fairseq_fwp.recipes.wmt14", "train", "--data", "x",
                            "--row", "dpfp-999", "--save-dir", "y"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--row: invalid choice: 'dpfp-999'" in proc.stderr
@@ -172,14 +170,31 @@ def test_training_progress_prints_updates_and_the_time_left(capsys, monkeypatch)
 def test_every_small_real_data_row_parses_and_uptrained_rows_name_a_trained_row():
     from fairseq_fwp.recipes import small_real_data as recipe
 
-    for table, task, arch, model in ((recipe.MULTI30K_ROWS, None, "fwp_transformer_tiny", recipe.MULTI30K_MODEL),
-                                     (recipe.WIKITEXT2_ROWS, "", "fwp_lm_tiny", recipe.WIKITEXT2_MODEL)):
-        for row, spec in table.items():
-            row_task, flags = ("translation", spec) if task is None else spec
-            if isinstance(flags, recipe.Uptrained):
-                assert flags.source in table and not isinstance(table[flags.source], recipe.Uptrained)
-                flags = flags.flags
-            parse_args(row_task, arch, *model, *flags)  # exits on a bad flag
+    for table, arch, model in ((rows.MULTI30K, "fwp_transformer_tiny", recipe.MULTI30K_MODEL),
+                               (rows.WIKITEXT2, "fwp_lm_tiny", recipe.WIKITEXT2_MODEL)):
+        for name, row in table.items():
+            if row.uptraining is not None:
+                source = row.uptraining.source
+                assert source in table and table[source].uptraining is None
+            parse_args(row.task, arch, *model, *row.flags)  # exits on a bad flag
+
+
+def test_the_small_corpora_download_from_their_source_into_the_data_folder(tmp_path):
+    """The download step, from a local copy (file://) as from the public source: every file the recipe
+    reads, into --data-dir, and the recipe then finds them; without them it says how to get them."""
+    from fairseq_fwp.recipes import small_real_data as recipe
+
+    for corpus, (folder, _, names) in recipe.SOURCES.items():
+        source = tmp_path / "mirror" / corpus
+        source.mkdir(parents=True)
+        for name in names:
+            (source / name).write_bytes(name.encode())
+        with pytest.raises(FileNotFoundError, match=f"lacks .*add --download"):
+            recipe.corpus_folder(corpus, str(tmp_path / "data"))
+        recipe.download(corpus, str(tmp_path / "data"), source.as_uri() + "/")
+        found = recipe.corpus_folder(corpus, str(tmp_path / "data"))
+        assert sorted(os.listdir(found)) == sorted(names)
+        assert all((tmp_path / "data" / folder / name).read_bytes() == name.encode() for name in names)
 
 
 def test_training_words_per_second_weights_each_epoch_by_its_time():

@@ -1,9 +1,10 @@
 """Dual form of a fairseq LM trained on WikiText-2: record, verify, explain (paper Sec. 5.5, Table 2).
 
     nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python examples/dual_form/wikitext2_demo.py \\
-        [--data ../shared/data/wikitext-2] [--out work_dirs/dual_form] [--max-update 3000]
+        [--data data/wikitext-2] [--out work_dirs/dual_form] [--max-update 3000]
 
-Split (the shared copy has no train split): the model trains on WikiText-2
+WikiText-2 as the small-real-data recipe fetches it (python -m
+fairseq_fwp.recipes.small_real_data wikitext2 --download ...). Split: the model trains on WikiText-2
 valid.txt; test.txt is cut at an article boundary into a held-out valid
 part (its first HELD_OUT_ARTICLES articles: fairseq's validation and the
 `verify` queries) and a test part (perplexity). The explain queries are
@@ -87,7 +88,7 @@ def machine():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "wikitext-2"))
+    parser.add_argument("--data", default=os.path.join(REPO, "data", "wikitext-2"))
     parser.add_argument("--out", default=os.path.join(REPO, "work_dirs", "dual_form"))
     parser.add_argument("--max-update", type=int, default=3000)
     parser.add_argument("--lr", type=float, default=2.0)

@@ -7,7 +7,7 @@ Needs the Multi30k softmax row of that --out (python -m fairseq_fwp.recipes.smal
 DPFP-256 delta-rule model, and into the same model plus one added module each (a decay gate, an
 output gate, a short convolution of width 4) and all three, with the added modules started as ungated
 and as fresh (uptrain's --added-modules). Prints, for each, the relative change of the decoder's
-output (teacher-forced logits over the validation set, |with - without| / |without|) against the
+output (teacher-forced logits at the validation set's target tokens, |with - without| / |without|) against the
 conversion without added modules (every parameter they share is that conversion's, beta's projection
 included), and sacreBLEU on test_2016_flickr right after conversion.
 """
@@ -32,7 +32,8 @@ ADDED = {"decay gate": ["--fwp-update-rule", "gated-delta"], "output gate": ["--
 
 
 def valid_logits(checkpoint, data_bin):
-    """The decoder's teacher-forced output logits over the validation set, batch by batch (in order)."""
+    """The decoder's teacher-forced output logits at every target token of the validation set (padding
+    left out), batch by batch (in order)."""
     from fairseq import checkpoint_utils
 
     (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_bin})
@@ -40,7 +41,8 @@ def valid_logits(checkpoint, data_bin):
     task.load_dataset("valid")
     batches = task.get_batch_iterator(task.dataset("valid"), max_tokens=4096, seed=1).next_epoch_itr(shuffle=False)
     with torch.no_grad():
-        return [model(**batch["net_input"])[0] for batch in batches]
+        return [model(**batch["net_input"])[0][batch["target"].ne(task.target_dictionary.pad())]
+                for batch in batches]
 
 
 def relative_change(logits, reference):

@@ -65,11 +65,10 @@ def find_splits(raw_dir):
 
 def train_row(data, table, row, size, save_dir, gpus=1, extra=()):
     arch, length, batch, epochs = SIZES[size]
-    task = "fwp_stream_lm" if table == "table4" else "language_modeling"
+    spec = rows.wikitext103_row(table, row, size)
     per_gpu = max(1, batch // gpus)
-    return language_model.train(os.path.join(data, "bin"), save_dir, arch, task, length, per_gpu,
-                                rows.lm_row_flags(table, row, size), HYPERPARAMETERS + ["--max-epoch", epochs],
-                                extra)
+    return language_model.train(os.path.join(data, "bin"), save_dir, arch, spec.task, length, per_gpu,
+                                spec.flags_for(size), HYPERPARAMETERS + ["--max-epoch", epochs], extra)
 
 
 def add_row_arguments(parser):
@@ -100,17 +99,17 @@ def main(argv=None):
         language_model.prepare(splits["train"], splits["valid"], splits["test"], args.out, args.workers)
         return
     try:
-        rows.lm_row_flags(args.table, args.row, args.size)
+        spec = rows.wikitext103_row(args.table, args.row, args.size)
     except ValueError as err:
         parser.error(f"--row/--size: {err}")
     extra = cli.fairseq_passthrough(args)
     if args.step == "train":
         train_row(args.data, args.table, args.row, args.size, args.save_dir, args.gpus, extra)
     else:
-        protocol = "carry" if args.table == "table4" else "sliding"
+        protocol = "carry" if spec.task == "fwp_stream_lm" else "sliding"
         result = language_model.evaluate(os.path.join(args.data, "bin"), args.checkpoint, protocol,
                                          SIZES[args.size][1], args.subset, extra=extra)
-        result["paper_test_perplexity"] = rows.LM_PERPLEXITY[args.table, args.row, args.size]
+        result["paper_test_perplexity"] = spec.paper[args.size]
         print(json.dumps(result, indent=1))
 
 

@@ -92,7 +92,7 @@ def main(argv=None):
 
     train = steps.add_parser("train", help="fairseq-train one Table 1 row with the paper's hyperparameters")
     train.add_argument("--data", required=True, help="the prepare step's --out")
-    train.add_argument("--row", required=True, choices=rows.TABLE1)
+    train.add_argument("--row", required=True, choices=rows.WMT14)
     train.add_argument("--save-dir", required=True)
     train.add_argument("--gpus", type=int, default=1, help="GPUs used: --update-freq keeps 3 x 16 x 3584 tokens")
     train.add_argument("--arch", default="fwp_transformer_wmt_en_de_big")
@@ -100,7 +100,7 @@ def main(argv=None):
     evaluate = steps.add_parser("evaluate", help="beam 4, lenpen 0.6: sacreBLEU and tokenised BLEU on newstest2014")
     evaluate.add_argument("--data", required=True)
     evaluate.add_argument("--checkpoint", required=True)
-    evaluate.add_argument("--row", choices=rows.TABLE1, help="print the paper's BLEU beside ours")
+    evaluate.add_argument("--row", choices=rows.WMT14, help="print the paper's BLEU beside ours")
     cli.add_fairseq_passthrough(train, evaluate)
     args = parser.parse_args(argv)
 
@@ -109,14 +109,14 @@ def main(argv=None):
                             args.workers, args.bpe_tool)
     elif args.step == "train":
         update_freq = max(1, math.ceil(TOKENS_PER_UPDATE_GPUS / args.gpus))
-        translation.train(os.path.join(args.data, "bin"), args.save_dir, args.arch, rows.TABLE1[args.row],
+        translation.train(os.path.join(args.data, "bin"), args.save_dir, args.arch, rows.WMT14[args.row].flags_for(),
                           HYPERPARAMETERS + ["--update-freq", str(update_freq)], cli.fairseq_passthrough(args))
     else:
         scores = translation.translate_and_score(args.data, args.checkpoint, "en", "de", GENERATE,
                                                  os.path.splitext(args.checkpoint)[0] + ".test",
                                                  cli.fairseq_passthrough(args))
         if args.row:
-            scores["paper_bleu"] = rows.TABLE1_BLEU[args.row]
+            scores["paper_bleu"] = rows.WMT14[args.row].paper["big"]
         print(json.dumps(scores, indent=1))
 
 

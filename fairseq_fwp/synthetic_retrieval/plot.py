@@ -14,7 +14,7 @@ Writes, for whatever finished runs the log directory holds:
 - ``summary.md``: the largest S solved per model (setting 1, with the
   authors' numbers), the best loss per model and S (setting 2), and how many
   times lower the delta rule's best loss is than the sum rule's, per phi
-  and S (setting 2; the issue's goal is >= 10x at every S <= 100).
+  and S (setting 2; the goal is >= 10x at every S <= 100).
 """
 import argparse
 import os
@@ -29,7 +29,7 @@ from .data import sequence_length  # noqa: E402
 from .logs import SOLVED_LOSS, best_loss, largest_solved, read_runs  # noqa: E402
 from .names import label, parse_model_name  # noqa: E402
 
-# Largest S solved in the authors' setting-1 logs (SPEC.md, "Reference numbers").
+# Largest S solved in the authors' setting-1 logs (the paper's Figure 2).
 PAPER_LARGEST_SOLVED = {"sum-linear": "40", "sum-dpfp1": "100", "sum-dpfp2": "240", "sum-dpfp3": "340",
                         "softmax": "about 480", "sum-favor64": "never", "sum-favor128": "never",
                         "sum-favor512": "never"}
