@@ -74,3 +74,43 @@ def test_fairseq_checkpoints_load_under_weights_only_default(tmp_path):
     state = checkpoint_utils.torch.load(path)  # what fairseq's loader calls
     assert state["args"].arch == "x"
     assert checkpoint_utils.torch.nn is torch.nn
+
+
+def test_the_old_sum_norm_flag_still_works_with_a_warning_naming_the_new_one(caplog):
+    with caplog.at_level("WARNING", logger="fairseq_fwp.models.fwp_config"):
+        args = parse_args("translation", "fwp_transformer_tiny", "--fwp-sum-norm", "off", "--fwp-update-rule", "delta")
+    assert "--fwp-sum-norm is deprecated" in caplog.text and "--fwp-qk-norm none" in caplog.text
+    assert args.fwp_qk_norm == "none" and args.fwp_sum_norm is None
+    from helpers import build_translation_model
+    from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
+
+    model, _ = build_translation_model("--fwp-sum-norm", "off", "--fwp-update-rule", "delta")
+    norms = {(m.causal, m.update_rule): m.qk_norm for m in model.modules() if isinstance(m, FastWeightAttention)}
+    assert norms == {(False, "sum"): "none", (True, "delta"): "sum"}  # as before: the delta rule always normalises
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old", ["on", "off"])
+def test_a_checkpoint_written_with_the_old_flag_loads_and_computes_as_before(corpora, tmp_path, old):
+    """A config from before --fwp-qk-norm took `none` (fwp_sum_norm on/off beside fwp_qk_norm sum) loads
+    through fairseq's own loader, and the model computes what the same weights compute under the new flag."""
+    import torch
+    from fairseq import checkpoint_utils
+    from fairseq_fwp.recipes.pipeline import train_translation
+
+    train_translation(corpora["mt"], tmp_path, max_update=1)
+    checkpoint = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
+    checkpoint["cfg"]["model"].fwp_sum_norm = old
+    torch.save(checkpoint, tmp_path / "old.pt")
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(tmp_path / "old.pt")], arg_overrides={"data": str(corpora["mt"])})
+    checkpoint["cfg"]["model"].fwp_sum_norm = None
+    checkpoint["cfg"]["model"].fwp_qk_norm = "none" if old == "off" else "sum"
+    torch.save(checkpoint, tmp_path / "new.pt")
+    (twin,), _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(tmp_path / "new.pt")], arg_overrides={"data": str(corpora["mt"])})
+    src = torch.tensor([[4, 5, 6, 2]])
+    prev = torch.tensor([[2, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(src, torch.tensor([4]), prev)[0],
+                                   twin.eval()(src, torch.tensor([4]), prev)[0])

@@ -281,32 +281,34 @@ def test_in_place_decoding_steps_equal_the_functional_steps(rule, dtype):
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_factored_decoding_steps_equal_the_functional_steps(rule):
-    """W held as its factors (keys, writes) from an empty memory, then materialised."""
+def test_factored_decoding_steps_equal_the_functional_steps_through_growth_and_reorders(rule):
+    """From an empty memory, W held as its factors (keys, writes) in buffers that grow (8, 16, 32 slots)
+    and follow beam-search reorders, until W is the smaller form (32 tokens at D = Dv = 64)."""
+    from fairseq_fwp.ops import Memory
     from fairseq_fwp.ops import memory as decoding
     from fairseq_fwp.ops.reference import delta_step, sum_step
 
-    q, k, v, beta, _ = (None if x is None else x.detach() for x in make_inputs(3, 2, 7, 9, 4, with_state=False))
-    W_ref = torch.zeros(3, 2, 4, 9, dtype=torch.float64)
-    keys = writes = None
-    for t in range(7):
-        if rule == "sum":
-            want, W_ref = sum_step(W_ref, q[:, :, t], k[:, :, t], v[:, :, t])
-            got, keys, writes = decoding.factored_step(keys, writes, q[:, :, t], k[:, :, t], v[:, :, t],
-                                                       dtype=torch.float64)
-        else:
-            want, W_ref = delta_step(W_ref, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t])
-            got, keys, writes = decoding.factored_step(keys, writes, q[:, :, t], k[:, :, t], v[:, :, t],
-                                                       beta[:, :, t], dtype=torch.float64)
+    q, k, v, beta, _ = (None if x is None else x.detach() for x in make_inputs(3, 2, 40, 64, 64, with_state=False))
+    W_ref = torch.zeros(3, 2, 64, 64, dtype=torch.float64)
+    memory = Memory()
+    for t in range(40):
+        b = beta[:, :, t] if rule == "delta" else None
+        step = sum_step if rule == "sum" else (lambda W, *args: delta_step(W, *args, b))
+        want, W_ref = step(W_ref, q[:, :, t], k[:, :, t], v[:, :, t])
+        got = decoding.torch_step_(memory, q[:, :, t], k[:, :, t], v[:, :, t], b, dtype=torch.float64)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(decoding.materialize(keys, writes), W_ref, rtol=1e-12, atol=1e-12)
-    assert keys.shape == (3, 2, 7, 9) and writes.shape == (3, 2, 7, 4)
+        torch.testing.assert_close(memory.materialized(), W_ref, rtol=1e-12, atol=1e-12)
+        assert (memory.keys is not None) == (t + 1 < 32)
+        order = torch.tensor([2, 0, 0])  # beam search: row 0 continues row 2, rows 1 and 2 continue row 0
+        memory.reorder_(order)
+        W_ref, q, k, v, beta = (x[order] for x in (W_ref, q, k, v, beta))
     assert decoding.factored_length_limit(256, 64) == 51 and decoding.factored_length_limit(64, 64) == 32
 
 
 @pytest.mark.parametrize("rule", RULES)
 def test_decoding_steps_of_the_gated_rules(rule):
     """In place (from a given W) and factored (from an empty memory), with a decay."""
+    from fairseq_fwp.ops import Memory
     from fairseq_fwp.ops import memory as decoding
     from fairseq_fwp.ops.reference import delta_step, sum_step
 
@@ -315,7 +317,7 @@ def test_decoding_steps_of_the_gated_rules(rule):
     decay[:, :, 3] = 0  # a full forget
     for start in (W0, None):
         W_ref = torch.zeros_like(W0) if start is None else start.clone()
-        W, keys, writes = (None if start is None else start.clone()), None, None
+        memory = Memory(fast_weight=None if start is None else start.clone())
         for t in range(6):
             args = (q[:, :, t], k[:, :, t], v[:, :, t])
             b, a = (beta[:, :, t] if rule == "delta" else None), decay[:, :, t]
@@ -323,14 +325,9 @@ def test_decoding_steps_of_the_gated_rules(rule):
                 want, W_ref = sum_step(W_ref, *args, a)
             else:
                 want, W_ref = delta_step(W_ref, *args, b, a)
-            log_a = a.log()
-            if start is None:
-                got, keys, writes = decoding.factored_step(keys, writes, *args, b, log_a, dtype=torch.float64)
-                W = decoding.materialize(keys, writes)
-            else:
-                got = decoding.sum_step_(W, *args, log_a) if rule == "sum" else decoding.delta_step_(W, *args, b, log_a)
+            got = decoding.torch_step_(memory, *args, b, a.log(), dtype=torch.float64)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(W, W_ref, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(memory.materialized(), W_ref, rtol=1e-12, atol=1e-12)
 
 
 # -- the backend protocol: one resolver, and one decoding step per backend ----------------

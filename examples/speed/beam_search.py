@@ -7,8 +7,9 @@ The Multi30k model shape (2+2 layers, d_model 128, 2 heads of 64, FFN 512,
 6,000 types, shared embeddings) with random weights; 32 sentences of 20
 source tokens; every hypothesis exactly 30 target tokens (min = max length; --target-length),
 so every model does the same number of decoder steps. Beam 4 and greedy
-(beam 1). Times are medians of --repeats runs of SequenceGenerator.generate;
-ratios are softmax time / model time (higher = faster than softmax).
+(beam 1). Times are medians of --repeats runs of SequenceGenerator.generate,
+taken in turns (each model once, then again); ratios are softmax time /
+model time (higher = faster than softmax).
 
     OMP_NUM_THREADS=1 .venv/bin/python examples/speed/beam_search.py [--threads 1] [--nbest-out FILE]
 
@@ -91,16 +92,21 @@ def generator(model, dictionary, beam, length):
     return SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=length, min_len=length)
 
 
-def time_generation(gen, sample, repeats, **kwargs):
+def time_generations(gens, sample, repeats, **kwargs):
+    """{name: (median seconds, hypotheses)} of SequenceGenerator.generate for every generator in `gens`,
+    the repeats taken in turns (one of each, then again), so that a slow moment of the machine hits
+    every model alike."""
+    times, hypos = {name: [] for name in gens}, {}
     with torch.no_grad():
-        gen.generate([], sample, **kwargs)  # warm-up
-        times = []
+        for gen in gens.values():
+            gen.generate([], sample, **kwargs)  # warm-up
         for _ in range(repeats):
-            torch.manual_seed(0)  # the same samples every run
-            start = time.perf_counter()
-            hypos = gen.generate([], sample, **kwargs)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times), hypos
+            for name, gen in gens.items():
+                torch.manual_seed(0)  # the same samples every run
+                start = time.perf_counter()
+                hypos[name] = gen.generate([], sample, **kwargs)
+                times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(times[name]), hypos[name]) for name in gens}
 
 
 def nbest(hypos):
@@ -128,12 +134,12 @@ def print_table(title, columns, rows, times, tokens):
 
 def run_translation(args, dictionary):
     sample = make_batch(dictionary)
+    models = {name: build_model(MODELS[name][0], dictionary) for name in args.models}
     times, lists = {}, {}
-    for name in args.models:
-        model = build_model(MODELS[name][0], dictionary)
-        for column, beam in (("beam 4", 4), ("greedy", 1)):
-            gen = generator(model, dictionary, beam, args.target_length)
-            times[name, column], hypos = time_generation(gen, sample, args.repeats)
+    for column, beam in (("beam 4", 4), ("greedy", 1)):
+        gens = {name: generator(model, dictionary, beam, args.target_length) for name, model in models.items()}
+        for name, (seconds, hypos) in time_generations(gens, sample, args.repeats).items():
+            times[name, column] = seconds
             if beam == 4:
                 lists[name] = nbest(hypos)
     print_table(f"Translation, {SENTENCES} sentences x {SOURCE_LENGTH} source tokens, {args.target_length} steps",
@@ -148,14 +154,15 @@ def run_language_models(args, dictionary):
               "id": torch.arange(SENTENCES)}
     length = PROMPT + args.target_length
     times = {}
-    for name, (flags, _) in LM_MODELS.items():
-        model = build_lm(flags, dictionary)
-        sampling = search.Sampling(dictionary, sampling_topk=10)
-        for column, options_ in (("beam 4", dict(beam_size=4)), ("sampling", dict(beam_size=1,
-                                                                                 search_strategy=sampling))):
-            gen = SequenceGenerator([model], dictionary, max_len_a=0, max_len_b=length, min_len=length, **options_)
-            times[name, column], _ = time_generation(gen, sample, args.repeats, prefix_tokens=prompt,
-                                                     bos_token=dictionary.eos())
+    models = {name: build_lm(flags, dictionary) for name, (flags, _) in LM_MODELS.items()}
+    sampling = search.Sampling(dictionary, sampling_topk=10)
+    for column, options_ in (("beam 4", dict(beam_size=4)), ("sampling", dict(beam_size=1,
+                                                                             search_strategy=sampling))):
+        gens = {name: SequenceGenerator([model], dictionary, max_len_a=0, max_len_b=length, min_len=length,
+                                        **options_) for name, model in models.items()}
+        for name, (seconds, _) in time_generations(gens, sample, args.repeats, prefix_tokens=prompt,
+                                                   bos_token=dictionary.eos()).items():
+            times[name, column] = seconds
     print_table(f"Language-model generation, {SENTENCES} sequences, a {PROMPT}-token prompt, "
                 f"{args.target_length} new tokens", ["beam 4", "sampling"],
                 [(name, D) for name, (_, D) in LM_MODELS.items()], times, SENTENCES * args.target_length)

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from ..ops import fast_weight_delta, fast_weight_step_, fast_weight_sum
 from ..ops.fast_weight import accumulation_dtype
+from ..ops.memory import factored_length_limit
 from . import attention_rules
 from .backend_log import BackendLog
 from .carried_streams import CarriedStreams
@@ -305,28 +306,31 @@ class FastWeightAttention(nn.Module):
         q = self._phi(self.q_proj(query))
         cached = incremental_state is not None and static_kv
         state = self._get_input_buffer(incremental_state) if cached else FastWeightState()
-        if state.memory.fast_weight is None:
+        if state.memory.fast_weight is None and state.memory.keys is None:
             # Beam search repeats each source once per beam: one memory per source serves its rows.
             g = rows_per_source(key, key_padding_mask) if cached else 1
             mask = None if key_padding_mask is None else key_padding_mask[::g]
-            W, state.key_sum = self._source_memory(key[:, ::g], mask)
-            state.memory.hold_(W)
+            self._source_memory(key[:, ::g], mask, state, factored=cached)
             state.rows_per_memory = g
             if cached:
                 self._set_input_buffer(incremental_state, state)
-        out = state.read_sources(q)
-        if self.attention_normalization:
-            out = self._normalize_output(out, q, state.key_sums_per_row().unsqueeze(2).to(q.dtype))
+        out, normalizer = state.read_sources(q, self.attention_normalization)
+        if normalizer is not None:  # Eq. 19
+            out = out / (normalizer + self.eps)
         return self._finish(out, query)
 
-    def _source_memory(self, key, key_padding_mask):
-        """Eq. 15 over the unpadded source: W = sum_j v_j phi(k_j)^T, z = sum_j phi(k_j)."""
+    def _source_memory(self, key, key_padding_mask, state, factored):
+        """Eq. 15 over the unpadded source, W = sum_j v_j phi(k_j)^T and z = sum_j phi(k_j), into `state`:
+        while decoding (factored) a source shorter than factored_length_limit keeps phi(K) and V instead,
+        which every query then reads for less than W would cost."""
         k, v = self._phi(self.k_proj(key)), self._heads(self.v_proj(key))
         if key_padding_mask is not None:
             k = k * (~key_padding_mask).unsqueeze(1).unsqueeze(-1).to(k.dtype)
-        W = torch.einsum("bhte,bhtd->bhed", v, k)
-        z = k.to(accumulation_dtype(k.dtype)).sum(2) if self.attention_normalization else None
-        return W, z
+        if factored and k.shape[2] < factored_length_limit(k.shape[-1], v.shape[-1]):
+            state.memory.keys, state.memory.writes = k, v
+            return
+        state.memory.hold_(torch.einsum("bhte,bhtd->bhed", v, k))
+        state.key_sum = k.to(accumulation_dtype(k.dtype)).sum(2) if self.attention_normalization else None
 
     # -- incremental state (fairseq interface) -----------------------------------
 

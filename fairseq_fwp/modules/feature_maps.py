@@ -113,8 +113,8 @@ class DPFPFeatureMap(FeatureMap):
 
     def forward(self, x):
         r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)
-        rolled = torch.cat([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-1)
-        return r.repeat(*([1] * (r.dim() - 1)), self.nu) * rolled
+        rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)
+        return (r.unsqueeze(-2) * rolled).flatten(-2)  # block i: r * roll(r, i), without repeating r
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, nu={self.nu}"

@@ -12,12 +12,15 @@ them with its reorders. Every tensor is batch-first, one row per hypothesis
   z into spare buffers kept beside them, so that no state-sized tensor is
   allocated per step, and an identity order copies nothing.
 - non-causal layers (encoder-decoder attention): the source memory
-  W = sum_j v_j phi(k_j)^T and z of each source sentence. fairseq's beam
-  search repeats every source sentence once per beam in consecutive rows;
-  their memories would be equal, so one is kept per sentence
-  (``rows_per_memory`` consecutive rows read it) and is moved only when
-  sentences leave the batch. Any other reorder still works: rows that stop
-  coming in groups get one memory each.
+  W = sum_j v_j phi(k_j)^T of each source sentence, held as its factors
+  (phi(K) and V) where they are smaller (a source of fewer than
+  D Dv / (D + Dv) tokens), and z where attention normalisation is on (with
+  the factors, z . phi(q) is the sum of the scores phi(k_j) . phi(q)).
+  fairseq's beam search repeats every source sentence once per beam in
+  consecutive rows; their memories would be equal, so one is kept per
+  sentence (``rows_per_memory`` consecutive rows read it) and is moved only
+  when sentences leave the batch. Any other reorder still works: rows that
+  stop coming in groups get one memory each.
 """
 import dataclasses
 from typing import Optional, Tuple
@@ -92,29 +95,38 @@ class FastWeightState:
         g = self.rows_per_memory
         source = torch.div(new_order, g, rounding_mode="floor")  # the memory each new row reads
         kept = new_order.numel() % g == 0 and bool((source.view(-1, g) == source.view(-1, g)[:, :1]).all())
+        memory = self.memory
         if kept:  # rows still come in groups of g: one memory per group
             source = source.view(-1, g)[:, 0]
-            if is_identity(source, self.memory.fast_weight.shape[0]):
+            if is_identity(source, (memory.keys if memory.keys is not None else memory.fast_weight).shape[0]):
                 return
         else:  # an arbitrary reorder: one memory per row from now on
             self.rows_per_memory = 1
-        self.memory.hold_(self.memory.fast_weight.index_select(0, source))
+        if memory.keys is not None:
+            memory.keys, memory.writes = memory.keys.index_select(0, source), memory.writes.index_select(0, source)
+        else:
+            memory.hold_(memory.fast_weight.index_select(0, source))
         if self.key_sum is not None:
             self.key_sum = self.key_sum.index_select(0, source)
 
-    def read_sources(self, q):
-        """out = W q for query rows q ``[rows, H, T, D]`` that share their source's memory
-        (W ``[sources, H, Dv, D]``, rows = sources * rows_per_memory). Returns ``[rows, H, T, Dv]``."""
-        W = self.memory.fast_weight
-        n, (rows, H, T, D) = W.shape[0], q.shape
+    def read_sources(self, q, with_normalizer):
+        """W q for query rows q ``[rows, H, T, D]`` that share their source's memory (sources, rows =
+        sources * rows_per_memory), and with_normalizer z . q (else None). Returns ([rows, H, T, Dv],
+        [rows, H, T, 1] or None)."""
+        memory = self.memory
+        factored = memory.keys is not None
+        n, (rows, H, T, D) = (memory.keys if factored else memory.fast_weight).shape[0], q.shape
         g = rows // n
-        grouped = q.view(n, g, H, T, D).transpose(1, 2).reshape(n, H, g * T, D)
-        out = grouped @ W.transpose(-1, -2).to(q.dtype)  # W is read once per source, for all its rows
-        return out.view(n, H, g, T, -1).transpose(1, 2).reshape(rows, H, T, -1)
-
-    def key_sums_per_row(self):
-        """z of each row's source ``[rows, H, D]``."""
-        return self.key_sum.repeat_interleave(self.rows_per_memory, 0)
+        grouped = q.view(n, g, H, T, D).transpose(1, 2).reshape(n, H, g * T, D)  # a memory is read once for its rows
+        if factored:  # W q = sum_j v_j (phi(k_j) . q), and z . q = sum_j phi(k_j) . q
+            scores = grouped @ memory.keys.transpose(-1, -2).to(q.dtype)
+            out = scores @ memory.writes.to(q.dtype)
+            normalizer = scores.sum(-1, keepdim=True) if with_normalizer else None
+        else:
+            out = grouped @ memory.fast_weight.transpose(-1, -2).to(q.dtype)
+            normalizer = grouped @ self.key_sum.unsqueeze(-1).to(q.dtype) if with_normalizer else None
+        rows_first = lambda x: x.view(n, H, g, T, -1).transpose(1, 2).reshape(rows, H, T, -1)  # noqa: E731
+        return rows_first(out), None if normalizer is None else rows_first(normalizer)
 
 
 def buffer_tensors(buffer):

@@ -21,10 +21,11 @@ the step is the same.
 A decoder that starts from an empty memory can hold W as its factors for a
 while (the dual form): after t tokens W = U^T K with the keys K ``[t, D]``
 and the writes U ``[t, Dv]`` (v for the sum rule, the pseudo-values for the
-delta rule), t (D + Dv) numbers against D Dv. ``factored_step`` advances
-that form; below ``factored_length_limit(D, Dv)`` tokens it is the smaller
-one, and beam search, which copies every hypothesis's state at every step,
-copies less.
+delta rule), t (D + Dv) numbers against D Dv. ``factored_read`` reads that
+form for one more token and ``Memory.append_`` adds the token's factors;
+below ``factored_length_limit(D, Dv)`` tokens it is the smaller one, and
+beam search, which copies every hypothesis's state at every step, copies
+less.
 
 ``Memory`` holds one of the two forms for every row (hypothesis) and moves
 with beam search's reorders: W is gathered into a spare buffer kept beside
@@ -82,21 +83,22 @@ def factored_length_limit(D, Dv):
 
 
 @torch.no_grad()
-def factored_step(keys, writes, q, k, v, beta=None, log_decay=None, dtype=torch.float32):
+def factored_read(keys, writes, q, k, v, beta=None, log_decay=None, dtype=torch.float32):
     """One token of the sum rule (beta None) or the delta rule with W = writes^T keys.
 
     keys ``[B, H, t, D]`` and writes ``[B, H, t, Dv]`` (None before the first
-    token) hold W_{t-1}. The new token's write is v (sum rule) or
+    token) hold W_{t-1}; a decay scales `writes` in place first
+    (a W_{t-1} = (a writes)^T keys). The new token's write is v (sum rule) or
     u = beta (v - W_{t-1} k) (delta rule, Eq. 24), and
     out = W_t q = writes^T (keys q) + u (k . q). Returns (out ``[B, H, Dv]``,
-    keys, writes) with the token appended; dtype is the accumulation dtype.
-    A decay scales every earlier write first (a W_{t-1} = (a writes)^T keys).
+    the write u ``[B, H, Dv]``), in the accumulation dtype `dtype`; the
+    caller appends (k, u) to the factors.
     """
     q, k, v = (x.to(dtype) for x in (q, k, v))
     if log_decay is not None and writes is not None:
-        writes = writes * log_decay.to(dtype).exp().unsqueeze(-1).unsqueeze(-1)
+        writes.mul_(log_decay.to(dtype).exp().unsqueeze(-1).unsqueeze(-1))
     u = v
-    out = torch.zeros_like(v)
+    out = None
     if keys is not None:
         # Row vectors against the cached factors (a softmax decoder's layout: much faster on
         # CPUs than matrix-times-vector): scores k_j . [k | q], then the writes they weight.
@@ -107,10 +109,8 @@ def factored_step(keys, writes, q, k, v, beta=None, log_decay=None, dtype=torch.
             u = (v - read[..., 0, :]) * beta.to(dtype).unsqueeze(-1)
     elif beta is not None:
         u = v * beta.to(dtype).unsqueeze(-1)
-    out = out + u * (k * q).sum(-1, keepdim=True)
-    keys = k.unsqueeze(2) if keys is None else torch.cat([keys, k.unsqueeze(2)], 2)
-    writes = u.unsqueeze(2) if writes is None else torch.cat([writes, u.unsqueeze(2)], 2)
-    return out, keys, writes
+    contribution = u * (k * q).sum(-1, keepdim=True)
+    return (contribution if out is None else out + contribution), u
 
 
 def materialize(keys, writes):
@@ -121,12 +121,27 @@ def materialize(keys, writes):
 @dataclasses.dataclass
 class Memory:
     """The fast weight of every row: W ``[rows, H, Dv, D]``, or its factors (keys ``[rows, H, t, D]`` and
-    writes ``[rows, H, t, Dv]``, W = writes^T keys), or nothing yet (an empty memory)."""
+    writes ``[rows, H, t, Dv]``, W = writes^T keys), or nothing yet (an empty memory).
+
+    Factors that grow token by token (``append_``) and follow beam search's reorders are rewritten into
+    one of two storages kept beside them, in turns, large enough for every token they will hold:
+    writing into memory kept from the step before is several times faster on CPUs than into fresh
+    memory, and the factors stay contiguous for the reads. A reorder leaves one zero slot at the end
+    (``free_slot``), which the next token fills: one copy of the factors per step, not two. A zero slot
+    changes nothing that is read (its key is zero). W's reorders use a spare the same way.
+    """
 
     fast_weight: Optional[Tensor] = None
     keys: Optional[Tensor] = None
     writes: Optional[Tensor] = None
-    spare: Optional[Tensor] = None  # W's reorder buffer
+    spare: Optional[Tensor] = dataclasses.field(default=None, repr=False)  # W's reorder buffer
+    storages: tuple = dataclasses.field(default=(), repr=False)  # ((keys', writes') flat storages) x 2
+    free_slot: bool = dataclasses.field(default=False, repr=False)  # the factors' last slot is zero, unused
+
+    @property
+    def tokens(self):
+        """Tokens the factors hold (a free slot does not count)."""
+        return 0 if self.keys is None else self.keys.shape[2] - self.free_slot
 
     def materialized(self):
         """W (built from the factors where they hold it), or None for an empty memory."""
@@ -136,7 +151,7 @@ class Memory:
 
     def hold_(self, W):
         """Hold W from now on (the factors are dropped)."""
-        self.fast_weight, self.keys, self.writes = W, None, None
+        self.fast_weight, self.keys, self.writes, self.storages, self.free_slot = W, None, None, (), False
 
     def fast_weight_for(self, q, v, dtype):
         """W, held from now on (zeros for an empty memory, in `dtype`), for a step with q ``[rows, H, D]``
@@ -146,27 +161,71 @@ class Memory:
             self.hold_(q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1], dtype=dtype) if W is None else W)
         return self.fast_weight
 
+    def append_(self, k, u, room):
+        """One more token's key k ``[rows, H, D]`` and write u ``[rows, H, Dv]`` in the factors, which will
+        hold at most `room` tokens."""
+        if self.free_slot:
+            self.keys[:, :, -1], self.writes[:, :, -1], self.free_slot = k, u, False
+            return
+        t = self.tokens
+        rows, H = k.shape[:2]
+        keys, writes = self._next_storage(rows, H, t + 1, k, u, room)
+        for old, new, out in ((self.keys, k, keys), (self.writes, u, writes)):
+            if old is None:
+                out.copy_(new.unsqueeze(2))
+            else:
+                torch.cat([old, new.unsqueeze(2)], 2, out=out)
+        self.keys, self.writes = keys, writes
+
     def reorder_(self, new_order):
-        """Gather the rows by new_order (beam search): W into its spare (allocated only when the number of
-        rows changes), the factors into new tensors. An identity order copies nothing."""
+        """Gather the rows by new_order (beam search), into the storage or spare kept for it. An identity
+        order copies nothing."""
         rows = self.fast_weight if self.fast_weight is not None else self.keys
         if rows is None or is_identity(new_order, rows.shape[0]):
             return
-        if self.keys is not None:
-            self.keys, self.writes = self.keys.index_select(0, new_order), self.writes.index_select(0, new_order)
+        if self.keys is None:
+            self.fast_weight, self.spare = _gathered(self.fast_weight, self.spare, new_order)
             return
-        spare = self.spare
-        if spare is None or spare.shape[0] != new_order.numel():
-            spare = self.fast_weight.new_empty((new_order.numel(),) + self.fast_weight.shape[1:])
-        torch.index_select(self.fast_weight, 0, new_order, out=spare)
-        self.fast_weight, self.spare = spare, self.fast_weight
+        H, n = self.keys.shape[1:3]
+        slots = n + (not self.free_slot)  # with a zero slot for the next token
+        keys, writes = self._next_storage(new_order.numel(), H, slots, self.keys, self.writes, slots)
+        for old, new in ((self.keys, keys), (self.writes, writes)):
+            torch.index_select(old, 0, new_order, out=new[:, :, :n])
+            new[:, :, n:].zero_()
+        self.keys, self.writes, self.free_slot = keys, writes, True
+
+    def _next_storage(self, rows, H, t, like_keys, like_writes, room):
+        """[rows, H, t, D] and [rows, H, t, Dv] views of the storage the factors are not in now (made, for
+        `room` tokens, where there is none large enough)."""
+        D, Dv = like_keys.shape[-1], like_writes.shape[-1]
+        current = self.keys.data_ptr() if self.keys is not None and self.storages else None
+        pairs = [pair for pair in self.storages if pair[0].data_ptr() != current]
+        pair = pairs[0] if pairs else None
+        if pair is None or pair[0].numel() < rows * H * t * D:
+            slots = max(room + 1, t)  # a free slot beside every token
+            pair = tuple(x.new_empty(rows * H * slots * size) for x, size in ((like_keys, D), (like_writes, Dv)))
+            self.storages = tuple(p for p in self.storages if p[0].data_ptr() == current)[:1] + (pair,)
+        return pair[0][:rows * H * t * D].view(rows, H, t, D), pair[1][:rows * H * t * Dv].view(rows, H, t, Dv)
 
     def detached(self):
         """A copy that carries no autograd history (the state a next segment starts from)."""
-        return Memory(*(None if x is None else x.detach() for x in (self.fast_weight, self.keys, self.writes)))
+        return self._copy(lambda x: x.detach())
 
     def to(self, device):
-        return Memory(*(None if x is None else x.to(device) for x in (self.fast_weight, self.keys, self.writes)))
+        return self._copy(lambda x: x.to(device))
+
+    def _copy(self, convert):
+        fast_weight, keys, writes = (None if x is None else convert(x) for x in (self.fast_weight, self.keys,
+                                                                                 self.writes))
+        return Memory(fast_weight=fast_weight, keys=keys, writes=writes, free_slot=self.free_slot)
+
+
+def _gathered(x, spare, new_order):
+    """(x's rows in new_order, written into `spare` where it has the right shape; x, the next spare)."""
+    if spare is None or spare.shape != (new_order.numel(),) + x.shape[1:]:
+        spare = x.new_empty((new_order.numel(),) + x.shape[1:])
+    torch.index_select(x, 0, new_order, out=spare)
+    return spare, x
 
 
 def torch_step_(memory, q, k, v, beta=None, log_decay=None, dtype=torch.float32):
@@ -179,11 +238,11 @@ def torch_step_(memory, q, k, v, beta=None, log_decay=None, dtype=torch.float32)
         if beta is None:
             return sum_step_(memory.fast_weight, q, k, v, log_decay)
         return delta_step_(memory.fast_weight, q, k, v, beta, log_decay)
-    out, keys, writes = factored_step(memory.keys, memory.writes, q, k, v, beta, log_decay, dtype)
-    if keys.shape[2] >= factored_length_limit(k.shape[-1], v.shape[-1]):
-        memory.hold_(materialize(keys, writes))  # W is smaller from here on
-    else:
-        memory.keys, memory.writes = keys, writes
+    out, u = factored_read(memory.keys, memory.writes, q, k, v, beta, log_decay, dtype)
+    limit = factored_length_limit(k.shape[-1], v.shape[-1])
+    memory.append_(k.to(dtype), u, room=limit)
+    if memory.tokens >= limit:
+        memory.hold_(memory.materialized())  # W is smaller from here on
     return out
 
 
