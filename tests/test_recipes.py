@@ -198,7 +198,7 @@ def test_the_small_corpora_download_from_their_source_into_the_data_folder(tmp_p
 
 
 def test_training_words_per_second_weights_each_epoch_by_its_time():
-    from fairseq_fwp.recipes.small_real_data import train_words_per_second
+    from fairseq_fwp.recipes.pipeline import train_words_per_second
 
     log = "\n".join([
         "x | INFO | train | epoch 001 | loss 9 | wps 1000 | ups 1 | wpb 1000 | num_updates 100 | train_wall 100 | wall 101",

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_fwp.synthetic_retrieval import data, plot, sweep, train
+from fairseq_fwp.synthetic_retrieval.logs import read_run, run_path
 from fairseq_fwp.synthetic_retrieval.models import (
     DeltaMemory, FastWeightMemory2021, GatedDeltaMemory, GatedMemory, SumMemory, build_model,
 )
@@ -173,7 +174,7 @@ def test_training_learns_a_small_task():
 def test_a_non_finite_loss_stops_training_without_an_update(monkeypatch):
     model = build_model("sum-linear", 6)
     monkeypatch.setattr(model, "forward", lambda keys, values, queries: torch.full((len(keys), 1, 6), math.nan))
-    monkeypatch.setattr(train, "build_model", lambda name, num_keys: model)
+    monkeypatch.setattr(train, "build_model", lambda name, num_keys, d_key: model)
     before = [p.clone() for p in model.parameters()]
     evaluations = []
     assert train.train("sum-linear", 6, setting=1, config=train.TrainConfig(max_steps=200),
@@ -256,3 +257,13 @@ def test_sweep_rejects_bad_values_at_parse_time(flag, value, capsys):
     with pytest.raises(SystemExit):
         sweep.parse_args(argv + [flag, value])
     assert flag in capsys.readouterr().err
+
+
+def test_the_sweep_trains_and_logs_at_the_key_size_it_is_given(tmp_path, monkeypatch):
+    built, build = [], train.build_model
+    monkeypatch.setattr(train, "build_model", lambda *args: built.append(build(*args)) or built[-1])
+    sweep.main(["--setting", "1", "--models", "sum-linear", "--sizes", "4", "--d-key", "8", "--max-steps", "100",
+                "--patience", "1", "--out", str(tmp_path)])
+    assert [model.W_k.out_features for model in built] == [8]
+    rows = read_run(run_path(str(tmp_path), 1, "sum-linear", 4))
+    assert rows[-1]["d_key"] == 8 and rows[-1]["step"] == 100

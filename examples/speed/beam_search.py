@@ -25,16 +25,15 @@ import platform
 import statistics
 import sys
 import time
-import types
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from fairseq import options, search  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
+from fairseq import search  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+from fairseq_fwp.recipes.decoding_cost import build_random_model, numbered_dictionary  # noqa: E402
 
 MODELS = {  # name: (flags, feature size D)
     "softmax": (["--fwp-feature-map", "softmax"], "-"),
@@ -58,26 +57,12 @@ SHAPE = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim"
 VOCAB, SENTENCES, SOURCE_LENGTH = 6000, 32, 20
 
 
-def build(model_class, task, arch, shape, flags, dictionary, seed=0):
-    """A randomly initialised plugin model, through fairseq's own argument parsing."""
-    argv = ["/nonexistent", "--task", task, "--arch", arch, "--user-dir", os.path.join(ROOT, "fairseq_fwp"),
-            *shape, *flags]
-    args = options.parse_args_and_arch(options.get_training_parser(), argv)
-    torch.manual_seed(seed)
-    holder = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    return model_class.build_model(args, holder).eval()
-
-
 def build_model(flags, dictionary):
-    from fairseq_fwp.models.fwp_transformer import FastWeightTransformerModel
-
-    return build(FastWeightTransformerModel, "translation", "fwp_transformer_tiny", SHAPE, flags, dictionary)
+    return build_random_model("translation", "fwp_transformer_tiny", SHAPE + flags, dictionary)
 
 
 def build_lm(flags, dictionary):
-    from fairseq_fwp.models.fwp_transformer_lm import FastWeightTransformerLanguageModel
-
-    return build(FastWeightTransformerLanguageModel, "language_modeling", "fwp_lm_tiny", LM_SHAPE, flags, dictionary)
+    return build_random_model("language_modeling", "fwp_lm_tiny", LM_SHAPE + flags, dictionary)
 
 
 def make_batch(dictionary, seed=1):
@@ -179,9 +164,7 @@ def main(argv=None):
     parser.add_argument("--nbest-compare", help="check the n-best lists against such a file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    dictionary = Dictionary()
-    for i in range(VOCAB - len(dictionary)):
-        dictionary.add_symbol(f"w{i}")
+    dictionary = numbered_dictionary(VOCAB - 4)  # fairseq's 4 special symbols make VOCAB types
     print(f"# decoding with fairseq's SequenceGenerator; {platform.machine()} {os.cpu_count()} cores, "
           f"torch {torch.__version__}, {args.threads} thread(s), {time.strftime('%Y-%m-%d')}")
     lists = run_translation(args, dictionary)

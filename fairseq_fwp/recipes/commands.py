@@ -21,28 +21,31 @@ def _command_line(command, as_module=False):
     return [sys.executable, "-m", f"fairseq_cli.{command.replace('-', '_')}"]
 
 
-def fairseq(command, *args, cwd=None, echo=False, log=None, as_module=False):
+def fairseq(command, *args, cwd=None, echo=False, log=None, as_module=False, watch=None):
     """Run fairseq-<command>; returns its combined output, raises with its tail on failure.
 
     echo=True prints the command line first (recipes: every step can be rerun
     by hand); log, a path, receives the output as it comes (long trainings).
     as_module=True launches `python -m fairseq_cli.<command>` even where the
     console script exists (users launch both ways).
-    fairseq-train with --max-update prints its progress (TrainingProgress).
+    watch(line) sees every output line as it comes; without it, fairseq-train
+    with --max-update prints its progress (TrainingProgress).
     """
     launcher = _command_line(command, as_module)
     argv = [*launcher, *map(str, args)]
     if echo:
         print("+ " + shlex.join([f"fairseq-{command}", *argv[len(launcher):]]), flush=True)
-    progress = TrainingProgress.for_arguments(argv) if command == "train" else None
+    if watch is None and command == "train":
+        progress = TrainingProgress.for_arguments(argv)
+        watch = progress.see if progress is not None else None
     lines = []
     with open(log or os.devnull, "w") as sink:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             lines.append(line)
             sink.write(line)
-            if progress is not None:
-                progress.see(line)
+            if watch is not None:
+                watch(line)
         returncode = proc.wait()
     output = "".join(lines)
     if returncode != 0:

@@ -29,11 +29,12 @@ COMMON_TRAIN = ["--user-dir", PLUGIN_DIR, "--optimizer", "adam", "--adam-betas",
                 "--no-epoch-checkpoints", "--seed", 1]
 
 
-def train_translation(data, save_dir, *flags, max_update=6, lr=0.002, warmup=50):
+def train_translation(data, save_dir, *flags, max_update=6, lr=0.002, warmup=50, **run):
+    """fairseq-train on a translation corpus; `run` goes to commands.fairseq (log, watch)."""
     return fairseq("train", data, *COMMON_TRAIN, "--arch", "fwp_transformer_tiny", "--lr", lr,
                    "--warmup-updates", warmup, "--max-tokens", 2000, "--max-update", max_update,
                    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1,
-                   "--save-dir", save_dir, *flags)
+                   "--save-dir", save_dir, *flags, **run)
 
 
 # Batching flags of each LM task: blocks of tokens, or parallel streams (fwp_stream_lm).
@@ -41,21 +42,22 @@ LM_BATCHING = {"language_modeling": ["--sample-break-mode", "none", "--max-token
                "fwp_stream_lm": ["--batch-size", 4]}
 
 
-def train_lm(data, save_dir, *flags, max_update=6, tokens_per_sample=64, task="language_modeling", as_module=False):
+def train_lm(data, save_dir, *flags, max_update=6, tokens_per_sample=64, task="language_modeling", **run):
+    """fairseq-train on an LM corpus; `run` goes to commands.fairseq (as_module, log, watch)."""
     return fairseq("train", data, *COMMON_TRAIN, "--task", task, *LM_BATCHING[task], "--arch", "fwp_lm_tiny",
                    "--tokens-per-sample", tokens_per_sample, "--lr", 0.002, "--warmup-updates", 20,
-                   "--max-update", max_update, "--save-dir", save_dir, *flags, as_module=as_module)
+                   "--max-update", max_update, "--save-dir", save_dir, *flags, **run)
 
 
-def generate(data, checkpoint, *flags):
+def generate(data, checkpoint, *flags, **run):
     """Beam 4, sacreBLEU on the test split, every sentence kept."""
     return fairseq("generate", data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test",
-                   "--beam", 4, "--batch-size", 16, "--scoring", "sacrebleu", *flags)
+                   "--beam", 4, "--batch-size", 16, "--scoring", "sacrebleu", *flags, **run)
 
 
-def eval_lm(data, checkpoint, *flags, tokens_per_sample=64, batch_size=4):
+def eval_lm(data, checkpoint, *flags, tokens_per_sample=64, batch_size=4, **run):
     return fairseq("eval-lm", data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test",
-                   "--tokens-per-sample", tokens_per_sample, "--batch-size", batch_size, *flags)
+                   "--tokens-per-sample", tokens_per_sample, "--batch-size", batch_size, *flags, **run)
 
 
 def bleu(output):
@@ -70,5 +72,30 @@ def perplexity(output):
 
 
 def train_words_per_second(log):
-    """wps of the last end-of-epoch summary line of fairseq-train."""
-    return float(re.findall(r"\| train \| .*?\| wps ([0-9.]+)", log)[-1])
+    """Words per second over the whole training: fairseq's end-of-epoch wps weighted by each epoch's
+    train_wall (a plain mean would count a final epoch of a few updates, and its low wps, as much as
+    a full one)."""
+    epochs = [(float(wps), float(wall)) for wps, wall in
+              re.findall(r"\| train \| .*?\| wps ([0-9.]+) \|.*?\| train_wall ([0-9.]+)", log)]
+    seconds = sum(wall for _, wall in epochs)
+    return sum(wps * wall for wps, wall in epochs) / seconds if seconds else None
+
+
+def validation_losses(log):
+    """[(updates, validation loss)] from fairseq-train's log, in order."""
+    return [(int(updates), float(loss)) for loss, updates in
+            re.findall(r"\| valid \| .*?\| loss ([0-9.]+) \|.*?\| num_updates (\d+)", log)]
+
+
+def improvement(log, last_updates):
+    """How much the best validation loss fell (relative) in the last `last_updates` updates of the log;
+    None where the log has no validation that old."""
+    losses = validation_losses(log)
+    if not losses:
+        return None
+    end = losses[-1][0]
+    before = [loss for updates, loss in losses if updates <= end - last_updates]
+    if not before:
+        return None
+    best_before = min(before)
+    return (best_before - min(loss for _, loss in losses)) / best_before

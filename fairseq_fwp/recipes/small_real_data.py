@@ -35,6 +35,7 @@ import urllib.request
 
 from .. import uptrain
 from . import language_model, rows, text, translation
+from .pipeline import train_words_per_second
 from .commands import PLUGIN_DIR
 
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
@@ -73,16 +74,6 @@ WIKITEXT2_MODEL = ["--decoder-layers", "4", "--decoder-embed-dim", "128", "--dec
 WIKITEXT2_TRAINING = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "0.001",
                       "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "500", "--no-epoch-checkpoints",
                       "--log-format", "simple", "--log-interval", "50"]
-
-
-def train_words_per_second(log):
-    """Words per second over the whole training: fairseq's end-of-epoch wps weighted by each epoch's
-    train_wall (a plain mean would count a final epoch of a few updates, and its low wps, as much as
-    a full one)."""
-    epochs = [(float(wps), float(wall)) for wps, wall in
-              re.findall(r"\| train \| .*?\| wps ([0-9.]+) \|.*?\| train_wall ([0-9.]+)", log)]
-    seconds = sum(wall for _, wall in epochs)
-    return sum(wps * wall for wps, wall in epochs) / seconds if seconds else None
 
 
 def download(corpus, data_dir, source_url=None):

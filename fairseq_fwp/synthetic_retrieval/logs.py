@@ -13,9 +13,9 @@ import os
 
 SOLVED_LOSS = 1e-3  # the paper's stopping criterion, and what "solved" means
 
-COLUMNS = ("model", "setting", "num_keys", "seq_len", "lr", "batch_size", "seed",
+COLUMNS = ("model", "setting", "num_keys", "seq_len", "lr", "batch_size", "seed", "d_key",
            "step", "eval_loss", "train_loss", "wall_s", "stop")
-_TYPES = {"setting": int, "num_keys": int, "seq_len": int, "lr": float, "batch_size": int, "seed": int,
+_TYPES = {"setting": int, "num_keys": int, "seq_len": int, "lr": float, "batch_size": int, "seed": int, "d_key": int,
           "step": int, "eval_loss": float, "train_loss": float, "wall_s": float, "stop": str}
 
 

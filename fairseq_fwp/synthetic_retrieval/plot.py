@@ -64,14 +64,19 @@ def save(fig, ax, path, legend_columns):
 def capacity_figure(runs, setting, models, path, title, log_y):
     """Best evaluation loss against the number of keys S, one line per model."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    draw_capacity(ax, runs, setting, models, title, log_y)
+    save(fig, ax, path, legend_columns=2)
+
+
+def draw_capacity(ax, runs, setting, models, title, log_y, label_of=label):
+    """capacity_figure's lines, on `ax`; label_of(model) names each in the legend."""
     for model in models:
         sizes = sorted(S for (s, m, S) in runs if s == setting and m == model)
-        ax.plot(sizes, [best_loss(runs[setting, model, S]) for S in sizes], **style(model))
+        ax.plot(sizes, [best_loss(runs[setting, model, S]) for S in sizes], **dict(style(model), label=label_of(model)))
     if log_y:
         ax.set_yscale("log")
         ax.axhline(SOLVED_LOSS, color="grey", linewidth=0.8, linestyle=":")
     ax.set(xlabel="number of unique keys S", ylabel="best evaluation loss", title=title)
-    save(fig, ax, path, legend_columns=2)
 
 
 def curves_figure(runs, setting, num_keys, path):

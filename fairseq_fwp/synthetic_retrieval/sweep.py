@@ -105,6 +105,10 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=positive(float), default=TrainConfig.lr)
     parser.add_argument("--batch-size", type=positive(int), default=TrainConfig.batch_size)
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
+    parser.add_argument("--patience", type=positive(int), default=TrainConfig.patience,
+                        help="stop after this many evaluations without a new best (default: the authors' 11)")
+    parser.add_argument("--d-key", type=positive(int), default=TrainConfig.d_key,
+                        help="key size d_key (default: the paper's 64); D is 2 d_key nu for DPFP-nu")
     args = parser.parse_args(argv)
     args.models = args.models or DEFAULT_MODELS[args.setting]
     args.sizes = args.sizes or size_list(DEFAULT_SIZES[args.setting])
@@ -129,7 +133,7 @@ def run_one(args, config, model, num_keys):
     path = run_path(args.out, args.setting, model, num_keys)
     with RunLog(path, model=model, setting=args.setting, num_keys=num_keys,
                 seq_len=sequence_length(args.setting, num_keys),
-                lr=config.lr, batch_size=config.batch_size, seed=config.seed) as log:
+                lr=config.lr, batch_size=config.batch_size, seed=config.seed, d_key=config.d_key) as log:
         stop = train(model, num_keys, args.setting, config, on_evaluation=log.write)
         log.finish()
     rows = read_run(path)
@@ -149,7 +153,8 @@ def sweep_record(argv, args, started, runs_trained):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = TrainConfig(lr=args.lr, batch_size=args.batch_size, max_steps=args.max_steps, seed=args.seed)
+    config = TrainConfig(lr=args.lr, batch_size=args.batch_size, max_steps=args.max_steps, seed=args.seed,
+                         patience=args.patience, d_key=args.d_key)
     started, runs_trained = time.time(), 0
     for model, num_keys in jobs(args):
         if not os.path.exists(run_path(args.out, args.setting, model, num_keys)):

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .data import evaluation_sequence, training_batch
 from .logs import SOLVED_LOSS
 from .models import build_model
+from .names import D_KEY
 
 STOP_REASONS = ("solved", "no_progress", "max_steps", "not_finite")
 
@@ -34,6 +35,7 @@ class TrainConfig:
     patience: int = 11  # the authors stop when more than 10 evaluations bring no new best
     max_steps: int = 100_000  # rounded down to a multiple of eval_every
     seed: int = 1
+    d_key: int = D_KEY  # the model's key size (the feature size D follows from it)
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def train(model_name, num_keys, setting, config=TrainConfig(), on_evaluation=Non
         raise ValueError(f"max_steps ({config.max_steps}) must be at least eval_every ({config.eval_every})")
     torch.manual_seed(config.seed)  # model initialisation (and FAVOR+ seeds)
     generator = torch.Generator().manual_seed(config.seed)  # the data
-    model = build_model(model_name, num_keys)
+    model = build_model(model_name, num_keys, config.d_key)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     stopping = StoppingRule(config.target_loss, config.patience)
     start = time.perf_counter()
