@@ -11,7 +11,8 @@ from fairseq_fwp.modules.attention_rules import RULES
 from helpers import parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [os.path.join(ROOT, "README.md")]
+DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")) + glob.glob(os.path.join(ROOT, "examples", "*", "README.md"))
+              + [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "fairseq_fwp", "ops", "README.md")])
 REPO_PATH = re.compile(r"(?<![\w./-])((?:fairseq_fwp|csrc|examples|tests|scripts|docs)/[\w./-]*[\w/])(?![\w./<-])")
 MODULE = re.compile(r"python -m (fairseq_fwp[\w.]*)")
 LINK = re.compile(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)")

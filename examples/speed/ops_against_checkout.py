@@ -22,8 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def time_ops(checkout, T, repeats=10):
     """{rule: median ms of one forward + backward} of the ops in `checkout`; runs in the child process.
 
-    The timing loop lives here rather than in either checkout's fairseq_fwp.ops.benchmark, so that both
-    checkouts are timed by the same code."""
+    The timing loop lives here rather than in either checkout's op benchmark, so that both checkouts
+    are timed by the same code."""
     sys.path.insert(0, checkout)
     import torch
     import fairseq_fwp

@@ -9,7 +9,7 @@ Two modes:
 - causal (decoder self-attention): a fast weight programmed token by token
   with the sum rule (Eq. 17), the delta rule (Eqs. 20-25) or their gated
   forms (a decay a_t from the layer input, gates.py); during incremental
-  decoding the state lives in the incremental state (decoding_state.py), so
+  decoding the state (state.FastWeightState) lives in the incremental state, so
   each new token costs at most what it costs with W, whatever its position.
 - non-causal (encoder self-attention, encoder-decoder attention): one memory
   W = sum_j v_j phi(k_j)^T (Eq. 15) over all unpadded source positions, read by
