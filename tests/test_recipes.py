@@ -218,3 +218,16 @@ def test_results_of_runs_side_by_side_are_all_kept(tmp_path):
     save_result(path, "softmax", {"bleu": 29.0})  # a row evaluated again
     assert json.load(open(path)) == {"softmax": {"bleu": 29.0}, "linear": {"bleu": 26.4}}
     assert os.listdir(tmp_path) == ["results.json"]  # no temporary file left behind
+
+
+def test_the_convergence_measure_reads_the_best_validation_loss_before_and_within_the_window():
+    from fairseq_fwp.recipes.pipeline import improvement, validation_losses
+
+    line = "x | INFO | valid | epoch 00{e} | valid on 'valid' subset | loss {loss} | ppl 2 | num_updates {u}{best}"
+    losses = [(100, 3.0), (200, 2.0), (300, 2.5), (400, 1.9), (500, 1.95)]
+    log = "\n".join(line.format(e=i, loss=loss, u=u, best=" | best_loss 1" if i else "")
+                    for i, (u, loss) in enumerate(losses))
+    log += "\nx | INFO | train | epoch 005 | loss 1.8 | wps 100 | num_updates 500 | train_wall 3"
+    assert validation_losses(log) == losses
+    assert improvement(log, 200) == pytest.approx((2.0 - 1.9) / 2.0)  # best up to update 300 against best overall
+    assert improvement(log, 500) is None and improvement("no validation", 100) is None
