@@ -148,7 +148,9 @@ def mt_job(name, row, args, results):
                                 log=os.path.join(args.out, "logs", f"mt-{slug(name)}.train.log"),
                                 watch=update_watch(progress, label, args.mt_updates))
         progress(1, f"{label}: fairseq-generate")
-        score = bleu(generate(data, os.path.join(save, "checkpoint_best.pt"),
+        # The task's targets are as long as their sources: the cap keeps a row that has not learnt to stop
+        # from generating fairseq's default of 200 tokens per sentence.
+        score = bleu(generate(data, os.path.join(save, "checkpoint_best.pt"), "--max-len-a", 1.2, "--max-len-b", 10,
                               log=os.path.join(args.out, "logs", f"mt-{slug(name)}.generate.log")))
         results[label] = (f"BLEU {score:.1f}", convergence(log), train_words_per_second(log))
         return f"{label}: BLEU {score:.1f} ({results[label][1]})"
