@@ -1,4 +1,6 @@
 """Every fast backend against the step-by-step reference."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -367,3 +369,25 @@ def test_auto_says_what_it_chose_and_why_and_named_backends_are_refused_in_one_f
                        match=r"^backend 'cuda' cannot run this call: the csrc kernels have no gated rules \(decay\); "
                              r"backend='chunked' runs everywhere$"):
         resolve("cuda", call)
+
+
+def test_a_memory_keeps_its_backend_choice_while_the_flag_and_the_call_stay_the_same():
+    """One decoding resolves its backend once, and again whenever the flag or the call changes."""
+    from fairseq_fwp.ops import Memory
+    from fairseq_fwp.ops.backends import Call, resolve
+
+    asked = []
+
+    def counting_resolve(name, call):
+        asked.append((name, call.dtype))
+        return resolve(name, call)
+
+    call = Call(rule="sum", gated=False, dtype=torch.float32, device=torch.device("cpu"), D=4, Dv=4, T=1,
+                needs_grad=False)
+    memory = Memory()
+    for _ in range(3):
+        assert memory.backend_for("auto", call, counting_resolve).name == "chunked"
+    assert memory.backend_for("reference", call, counting_resolve).name == "reference"
+    wider = dataclasses.replace(call, dtype=torch.float64)
+    assert memory.backend_for("reference", wider, counting_resolve).name == "reference"
+    assert asked == [("auto", torch.float32), ("reference", torch.float32), ("reference", torch.float64)]

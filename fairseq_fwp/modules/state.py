@@ -45,14 +45,17 @@ class FastWeightState:
 
     def reorder_(self, new_order):
         """Move every row where beam search says (causal layers)."""
+        held = self.tensors()
+        if not held or is_identity(new_order, held[0].shape[0]):
+            return  # greedy search, or a beam that kept every hypothesis in place
         self.memory.reorder_(new_order)
-        if self.key_sum is not None and not is_identity(new_order, self.key_sum.shape[0]):
+        if self.key_sum is not None:
             spare = self.key_sum_spare
             if spare is None or spare.shape[0] != new_order.numel():
                 spare = self.key_sum.new_empty((new_order.numel(),) + self.key_sum.shape[1:])
             torch.index_select(self.key_sum, 0, new_order, out=spare)
             self.key_sum, self.key_sum_spare = spare, self.key_sum
-        if self.convolutions and not is_identity(new_order, self.convolutions[0].shape[0]):
+        if self.convolutions:
             self.convolutions = tuple(cache.index_select(0, new_order) for cache in self.convolutions)
 
     def detached(self):
@@ -92,10 +95,11 @@ class FastWeightState:
 
     def reorder_sources_(self, new_order):
         """Move the per-source memories with the rows that read them."""
-        g = self.rows_per_memory
+        g, memory = self.rows_per_memory, self.memory
+        if is_identity(new_order, g * (memory.keys if memory.keys is not None else memory.fast_weight).shape[0]):
+            return  # greedy search, or a beam that kept every hypothesis in place
         source = torch.div(new_order, g, rounding_mode="floor")  # the memory each new row reads
         kept = new_order.numel() % g == 0 and bool((source.view(-1, g) == source.view(-1, g)[:, :1]).all())
-        memory = self.memory
         if kept:  # rows still come in groups of g: one memory per group
             source = source.view(-1, g)[:, 0]
             if is_identity(source, (memory.keys if memory.keys is not None else memory.fast_weight).shape[0]):

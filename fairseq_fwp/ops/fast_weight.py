@@ -175,10 +175,12 @@ def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, backend="au
     check_step_inputs(q, k, v, beta, log_decay)
     dtype = _compute_dtype([q, k, v, beta])
     call = Call.of(q, v, beta, log_decay, dtype, needs_grad=False)
-    choice = resolve(backend, call)
+    choice = memory.backend_for(backend, call, resolve)
     if on_choice is not None:
         on_choice(choice)
     computed = dtype if choice.backend.READS_HALF_TYPES else call.accumulation_dtype
-    q, k, v, beta = (None if x is None else x.to(computed) for x in (q, k, v, beta))
+    q, k, v, beta = (x if x is None or x.dtype == computed else x.to(computed) for x in (q, k, v, beta))
+    if not torch.is_autocast_enabled(q.device.type):  # entering a context costs as much as a small op
+        return choice.backend.step_(call, memory, q, k, v, beta, log_decay)
     with torch.autocast(q.device.type, enabled=False):
         return choice.backend.step_(call, memory, q, k, v, beta, log_decay)

@@ -94,7 +94,7 @@ def factored_read(keys, writes, q, k, v, beta=None, log_decay=None, dtype=torch.
     the write u ``[B, H, Dv]``), in the accumulation dtype `dtype`; the
     caller appends (k, u) to the factors.
     """
-    q, k, v = (x.to(dtype) for x in (q, k, v))
+    q, k, v = (x if x.dtype == dtype else x.to(dtype) for x in (q, k, v))
     if log_decay is not None and writes is not None:
         writes.mul_(log_decay.to(dtype).exp().unsqueeze(-1).unsqueeze(-1))
     u = v
@@ -137,6 +137,14 @@ class Memory:
     spare: Optional[Tensor] = dataclasses.field(default=None, repr=False)  # W's reorder buffer
     storages: tuple = dataclasses.field(default=(), repr=False)  # ((keys', writes') flat storages) x 2
     free_slot: bool = dataclasses.field(default=False, repr=False)  # the factors' last slot is zero, unused
+    choice: tuple = dataclasses.field(default=(), repr=False)  # (flag, call, backends.Choice) of the last step
+
+    def backend_for(self, name, call, resolve):
+        """The backend that `name` resolves to for `call` (resolve(name, call)), kept for the steps after
+        it while the flag and the call stay the same: one decoding does not ask again at every token."""
+        if self.choice[:2] != (name, call):
+            self.choice = (name, call, resolve(name, call))
+        return self.choice[2]
 
     @property
     def tokens(self):
