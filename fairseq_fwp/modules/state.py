@@ -96,13 +96,14 @@ class FastWeightState:
     def reorder_sources_(self, new_order):
         """Move the per-source memories with the rows that read them."""
         g, memory = self.rows_per_memory, self.memory
-        if is_identity(new_order, g * (memory.keys if memory.keys is not None else memory.fast_weight).shape[0]):
+        sources = (memory.keys if memory.keys is not None else memory.fast_weight).shape[0]
+        if is_identity(new_order, g * sources):
             return  # greedy search, or a beam that kept every hypothesis in place
         source = torch.div(new_order, g, rounding_mode="floor")  # the memory each new row reads
         kept = new_order.numel() % g == 0 and bool((source.view(-1, g) == source.view(-1, g)[:, :1]).all())
         if kept:  # rows still come in groups of g: one memory per group
             source = source.view(-1, g)[:, 0]
-            if is_identity(source, (memory.keys if memory.keys is not None else memory.fast_weight).shape[0]):
+            if is_identity(source, sources):
                 return
         else:  # an arbitrary reorder: one memory per row from now on
             self.rows_per_memory = 1

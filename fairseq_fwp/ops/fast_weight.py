@@ -11,6 +11,8 @@ dtypes (float32 features beside float16 values, as autocast makes them) are
 computed as if all had the widest of them, and under autocast as if all had
 the autocast dtype; that is also the output's dtype (_compute_dtype).
 """
+import contextlib
+
 import torch
 
 from .backends import Call, resolve
@@ -180,7 +182,8 @@ def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, backend="au
         on_choice(choice)
     computed = dtype if choice.backend.READS_HALF_TYPES else call.accumulation_dtype
     q, k, v, beta = (x if x is None or x.dtype == computed else x.to(computed) for x in (q, k, v, beta))
-    if not torch.is_autocast_enabled(q.device.type):  # entering a context costs as much as a small op
-        return choice.backend.step_(call, memory, q, k, v, beta, log_decay)
-    with torch.autocast(q.device.type, enabled=False):
+    # An autocast context costs as much as a small op: entered only where autocast is on.
+    autocast_off = torch.autocast(q.device.type, enabled=False) if torch.is_autocast_enabled(q.device.type) \
+        else contextlib.nullcontext()
+    with autocast_off:
         return choice.backend.step_(call, memory, q, k, v, beta, log_decay)
