@@ -130,3 +130,28 @@ def test_full_forgets_match_the_float64_recurrence(backend, dtype, rule, pattern
     assert all(torch.isfinite(x).all() for x in got.values())
     errors = relative_errors(got, want)
     assert max(errors.values()) < (1e-5 if dtype == torch.float32 else 1e-10), errors
+
+
+# Very negative but finite log-decays, as a mask writes them (a is 0, or nearly, in every dtype): the
+# chunked form must not lose the other decays of the chunk to a cumulative sum that holds them.
+EXTREME_LOG_DECAYS = [-30.0, -90.0, -1e3, -1e4, -1e6, -1e9, "finfo.min"]
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("value", EXTREME_LOG_DECAYS)
+def test_very_negative_log_decays_match_the_float64_recurrence(backend, dtype, rule, value):
+    inputs = make_inputs(1, 2, 70, 6, 5, dtype=dtype)
+    log_a = make_decay(1, 2, 70, dtype=dtype).detach().log()
+    extreme = torch.finfo(dtype).min if value == "finfo.min" else value
+    log_a[..., [5, 40, 41, 69]] = extreme
+    log_a.requires_grad_()
+    got = outputs_and_grads(rule, inputs, backend, log_decay=log_a)
+    wide = [x.detach().double().requires_grad_() for x in inputs]
+    wide_decay = log_a.detach().double().exp().requires_grad_()
+    want = outputs_and_grads(rule, wide, recurrence(rule), decay=wide_decay)
+    want["ddecay"] = want["ddecay"] * wide_decay.detach()  # d/d(log a) = a d/da
+    assert all(torch.isfinite(x).all() for x in got.values())
+    errors = relative_errors(got, want)
+    assert max(errors.values()) < (1e-6 if dtype == torch.float32 else 1e-12), errors

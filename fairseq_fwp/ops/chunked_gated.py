@@ -17,16 +17,19 @@ M = I + strictly_lower(diag(b) (K K^T * G))):
     S_end = gamma_C S0 + (diag(rho) K)^T U
 
 Only ratios exp(c_t - c_j) <= 1 are ever formed, so strong decays cannot
-overflow. A full forget (a_t = 0, log a_t = -inf) would make such a
-difference -inf - (-inf); instead c keeps the finite logs only, beside a
-count of the full forgets so far, and a factor whose span holds a full
-forget is exactly 0. Without a decay the ops use chunked.py, which this
+overflow. A full forget (a_t = 0, log a_t = -inf, or any log a_t so
+negative that a_t is below the dtype's eps^2) would make such a difference
+-inf - (-inf), or swamp the others in c; instead c keeps the other logs only
+(summed in float64), beside a count of the full forgets so far, and a factor
+whose span holds a full forget is exactly 0. Without a decay the ops use chunked.py, which this
 leaves as fast as it was.
 
 Memory kept for backward: the inputs, one ``D x Dv`` state per chunk, per
 chunk the ``C x C`` matrices ``tril(Q K^T) * G`` and G (and for the delta rule
 ``M^-1`` and ``K K^T``) and U (and ``Wk``), the size of v (and of k).
 """
+import math
+
 import torch
 
 from .chunking import default_chunk_size, from_chunks, to_chunks
@@ -36,22 +39,31 @@ def _t(x):
     return x.transpose(-1, -2)
 
 
+def full_forget_below(dtype):
+    """log a below which a decay counts as a full forget: a < eps^2 of the dtype, whose share of any
+    output lies far below the dtype's rounding (the step-by-step recurrence computes the same to within
+    it). Masks written as large negative numbers (-1e9, finfo.min) are full forgets too."""
+    return 2.0 * math.log(torch.finfo(dtype).eps)
+
+
 def _chunk_decays(log_decay, chunk):
     """gamma, G (lower triangle, diagonal included; zero above), rho and gamma_C of every chunk.
 
     Each is exp(c_t - c_j) over a span (j, t] of steps, computed as exp of the span's finite logs, and
-    exactly 0 where a full forget (log a = -inf) lies in the span.
+    exactly 0 where a full forget (full_forget_below) lies in the span. c is summed in float64: after
+    a strong decay (log a = -30, say) the later steps' c carry its size, and their float32 differences
+    would keep only about 1e-6 of their own.
     """
     log_a = to_chunks(log_decay.unsqueeze(-1), chunk).squeeze(-1)  # padded steps: log a = 0
-    forgets = torch.isneginf(log_a)
-    c = log_a.masked_fill(forgets, 0.0).cumsum(-1)
+    forgets = log_a < full_forget_below(log_a.dtype)
+    c = log_a.masked_fill(forgets, 0.0).double().cumsum(-1)
     n = forgets.cumsum(-1)  # full forgets from the chunk's start through each step
     C = c.shape[-1]
     lower = torch.ones(C, C, dtype=torch.bool, device=c.device).tril()
 
     def span(c_to, c_from, n_to, n_from, keep=None):
         kept = n_to == n_from if keep is None else (n_to == n_from) & keep
-        return (c_to - c_from).masked_fill(~kept, float("-inf")).exp()
+        return (c_to - c_from).to(log_a.dtype).masked_fill(~kept, float("-inf")).exp()
 
     G = span(c.unsqueeze(-1), c.unsqueeze(-2), n.unsqueeze(-1), n.unsqueeze(-2), lower)
     zero = torch.zeros_like(c[..., :1])
