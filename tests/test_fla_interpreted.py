@@ -180,3 +180,32 @@ def test_full_forgets(rule, dtype, pattern, given):
     assert all(torch.isfinite(x).all() for x in got.values())
     errors = relative_errors(got, want)
     assert max(errors.values()) < (5e-3 if dtype == torch.float16 else 1e-5), errors
+
+
+def zero_decay_call(requires_grad):
+    """float32 gated delta rule inputs with one decay of exactly zero (the op's exact-gradient path)."""
+    inputs, gate = inputs_for("gated-delta", SHAPES[0], torch.float32, True)
+    decay = with_full_forgets(gate["decay"], "one zero")
+    return [x.detach().requires_grad_(requires_grad) for x in inputs], decay.detach().requires_grad_(requires_grad)
+
+
+def test_a_call_that_needs_gradients_is_refused_before_its_forward():
+    """A zero decay runs the forward without autograd (decay.py), but the call will need gradients: fla's
+    recurrent gated delta rule, which has none, is refused at the call, not in backward()."""
+    (q, k, v, beta, W0), decay = zero_decay_call(requires_grad=True)
+    with pytest.raises(BackendUnavailableError, match="no backward"):
+        fast_weight_delta(q, k, v, beta, W0, decay=decay, backend="fla")
+
+
+def test_auto_runs_forward_and_backward_of_one_call_on_one_backend(monkeypatch):
+    """With fla first in auto's order for CPU tensors (as on CUDA), a call with a zero decay that needs
+    gradients runs its forward and its backward on the same backend."""
+    from fairseq_fwp.ops import backends
+
+    monkeypatch.setattr(backends, "AUTO", (("fla", None), ("chunked", None)))
+    (q, k, v, beta, W0), decay = zero_decay_call(requires_grad=True)
+    chosen = []
+    out, W = fast_weight_delta(q, k, v, beta, W0, decay=decay, on_choice=lambda c: chosen.append(c.name))
+    forward = list(chosen)
+    (out.sum() + W.sum()).backward()
+    assert forward and set(chosen) == set(forward) == {"chunked"}, chosen

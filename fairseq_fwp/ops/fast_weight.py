@@ -44,12 +44,14 @@ def _compute_dtype(tensors):
     return dtype
 
 
-def _prepare(q, k, v, beta, state, log_decay, backend, on_choice):
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _prepare(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
     """Picks the backend. Returns (the call, the choice, [q, k, v, beta] in the dtype the backend reads,
     the state and log_decay in the accumulation dtype (or None))."""
     dtype = _compute_dtype([q, k, v, beta])
-    needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, beta, state, log_decay))
     call = Call.of(q, v, beta, log_decay, dtype, needs_grad)
     choice = resolve(backend, call)
     if on_choice is not None:
@@ -65,8 +67,9 @@ def _zero_state(k, v, dtype):
     return k.new_zeros(*k.shape[:2], v.shape[-1], k.shape[-1], dtype=accumulation_dtype(dtype))
 
 
-def _run(q, k, v, beta, state, log_decay, backend, on_choice):
-    call, choice, (q, k, v, beta), state, log_decay = _prepare(q, k, v, beta, state, log_decay, backend, on_choice)
+def _run(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
+    call, choice, (q, k, v, beta), state, log_decay = _prepare(q, k, v, beta, state, log_decay, backend, on_choice,
+                                                               needs_grad)
     if call.T == 0:
         return v.new_zeros(v.shape, dtype=call.dtype), _zero_state(k, v, call.dtype) if state is None else state
     with torch.autocast(q.device.type, enabled=False):  # the backends choose their own precision
@@ -74,9 +77,10 @@ def _run(q, k, v, beta, state, log_decay, backend, on_choice):
     return out.to(call.dtype), W
 
 
-def _run_state(q, k, v, beta, state, log_decay, backend, on_choice):
+def _run_state(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
     """As _run, the final state only (q is not read)."""
-    call, choice, (_, k, v, beta), state, log_decay = _prepare(k, k, v, beta, state, log_decay, backend, on_choice)
+    call, choice, (_, k, v, beta), state, log_decay = _prepare(k, k, v, beta, state, log_decay, backend, on_choice,
+                                                               needs_grad)
     if call.T == 0:
         return _zero_state(k, v, call.dtype) if state is None else state
     with torch.autocast(k.device.type, enabled=False):
@@ -84,12 +88,17 @@ def _run_state(q, k, v, beta, state, log_decay, backend, on_choice):
 
 
 def _checked_call(run, q, k, v, beta, state, decay, log_decay, backend, on_choice):
-    """Checks the inputs, then run(...) with the gate as its log (decay.py: exact gradients at a = 0)."""
+    """Checks the inputs, then run(...) with the gate as its log (decay.py: exact gradients at a = 0).
+
+    Whether the call needs gradients is decided here, once: decay.py may run the forward without
+    autograd and the backward in a second pass, and both must pick the backend a training call gets
+    (one with a backward pass), never one that would fail, or differ, in backward()."""
     check_inputs(q, k, v, beta, state, decay, log_decay)
+    needs_grad = _needs_grad(q, k, v, beta, state, decay, log_decay)
     if decay is None:
-        return run(q, k, v, beta, state, log_decay, backend, on_choice)
+        return run(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad)
     decay = decay.to(accumulation_dtype(_compute_dtype([q, k, v, beta])))
-    return run_with_decay(lambda log, *tensors: run(*tensors, log, backend, on_choice), decay,
+    return run_with_decay(lambda log, *tensors: run(*tensors, log, backend, on_choice, needs_grad), decay,
                           (q, k, v, beta, state))
 
 
