@@ -351,3 +351,23 @@ def test_language_model_decoding_with_left_padded_prompts_equals_full_forward(ex
             steps.append(model.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1])
     real = tokens.ne(d.pad())
     torch.testing.assert_close(torch.stack(steps, 1)[real], full[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fm", ["linear", "performer", "dpfp"])
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated-sum", "gated-delta"])
+@pytest.mark.parametrize("attn_norm", [True, False])
+def test_under_autocast_decoding_equals_the_full_forward_within_bfloat16s_rounding(fm, rule, attn_norm):
+    """The layer under bfloat16 autocast, token by token and over the whole sequence: the ops and the
+    decoding step round alike, so the two differ by at most one rounding of bfloat16 (2^-7 of the
+    largest output)."""
+    if rule.startswith("gated") and attn_norm:
+        pytest.skip("the gated rules take no attention normalisation")
+    torch.manual_seed(0)
+    attn = FastWeightAttention(32, 4, feature_map=fm, update_rule=rule, attention_normalization=attn_norm).eval()
+    x = torch.randn(20, 2, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full, _ = attn(x, x, x)
+        state = {}
+        steps = torch.cat([attn(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state)[0] for t in range(20)])
+    assert steps.dtype == full.dtype == torch.bfloat16
+    assert (steps.float() - full.float()).abs().max() <= 2 ** -7 * full.float().abs().max()

@@ -209,3 +209,18 @@ def test_auto_runs_forward_and_backward_of_one_call_on_one_backend(monkeypatch):
     forward = list(chosen)
     (out.sum() + W.sum()).backward()
     assert forward and set(chosen) == set(forward) == {"chunked"}, chosen
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_every_backends_decoding_step_returns_the_dtype_it_computes_in(dtype):
+    """One rule for the step's output dtype: the inputs' (as the sequence ops), whichever backend runs."""
+    from fairseq_fwp.ops import Memory, fast_weight_step_
+
+    q, k, v, beta, W0 = (x.detach().to(dtype) for x in make_inputs(2, 2, 1, 8, 6, dtype=torch.float32))
+    outs = {}
+    for backend in ("reference", "chunked", "fla"):
+        memory = Memory(fast_weight=W0[..., :0, :0].new_zeros(2, 2, 6, 8, dtype=torch.float32))
+        outs[backend] = fast_weight_step_(memory, q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0], backend=backend)
+    assert {out.dtype for out in outs.values()} == {dtype}, {name: out.dtype for name, out in outs.items()}
+    for out in outs.values():
+        torch.testing.assert_close(out.float(), outs["reference"].float(), rtol=2e-3, atol=2e-3)

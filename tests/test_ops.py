@@ -391,3 +391,26 @@ def test_a_memory_keeps_its_backend_choice_while_the_flag_and_the_call_stay_the_
     wider = dataclasses.replace(call, dtype=torch.float64)
     assert memory.backend_for("reference", wider, counting_resolve).name == "reference"
     assert asked == [("auto", torch.float32), ("reference", torch.float32), ("reference", torch.float64)]
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked", "auto"])
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_under_autocast_a_decoding_step_rounds_as_the_sequence_op(backend, rule, gated):
+    """One autocast rule for the sequence ops and the step: inputs rounded to the autocast dtype, float32
+    accumulation, the output in the autocast dtype. Token by token equals one call over the sequence to
+    within one rounding of bfloat16 (2^-8 of each value)."""
+    from fairseq_fwp.ops import Memory, fast_weight_step_
+
+    q, k, v, beta, W0 = (x.detach() for x in make_inputs(2, 2, 40, 6, 5, dtype=torch.float32))
+    log_decay = make_decay(2, 2, 40, dtype=torch.float32).detach().log() if gated else None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, W_want = run_op(rule, [q, k, v, beta, W0], backend, log_decay=log_decay)
+        memory = Memory(fast_weight=W0.clone())
+        got = torch.stack([fast_weight_step_(memory, q[:, :, t], k[:, :, t], v[:, :, t],
+                                             beta[:, :, t] if rule == "delta" else None, backend=backend,
+                                             log_decay=None if log_decay is None else log_decay[:, :, t])
+                           for t in range(40)], 2)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -8, atol=1e-6)
+    torch.testing.assert_close(memory.materialized(), W_want, rtol=1e-5, atol=1e-5)

@@ -57,10 +57,23 @@ def _prepare(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
     if on_choice is not None:
         on_choice(choice)
     acc = call.accumulation_dtype
-    computed = dtype if choice.backend.READS_HALF_TYPES else acc
-    inputs = [None if x is None else x.to(dtype).to(computed) for x in (q, k, v, beta)]
     state, log_decay = (None if x is None else x.to(acc) for x in (state, log_decay))
-    return call, choice, inputs, state, log_decay
+    return call, choice, _rounded((q, k, v, beta), call, choice), state, log_decay
+
+
+def _rounded(tensors, call, choice):
+    """The inputs as the backend reads them: rounded to the dtype they are computed in (under autocast
+    its dtype), then in the accumulation dtype unless the backend reads half types itself. The sequence
+    ops and the decoding step round alike, so that decoding token by token equals a full forward."""
+    computed = call.dtype if choice.backend.READS_HALF_TYPES else call.accumulation_dtype
+
+    def rounded(x):
+        if x is None:
+            return None
+        x = x if x.dtype == call.dtype else x.to(call.dtype)
+        return x if x.dtype == computed else x.to(computed)
+
+    return [rounded(x) for x in tensors]
 
 
 def _zero_state(k, v, dtype):
@@ -180,8 +193,9 @@ def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, backend="au
 
     memory: a memory.Memory (W, or its factors, or empty), advanced in place; q, k ``[B, H, D]``,
     v ``[B, H, Dv]``, beta and log_decay ``[B, H]`` or None (the sum rule; the paper's rules). The query
-    reads the memory after the token's write (Eqs. 11, 25). Returns out ``[B, H, Dv]`` in the memory's
-    accumulation dtype (float32, or float64).
+    reads the memory after the token's write (Eqs. 11, 25). Inputs are rounded, and the output ``[B, H, Dv]``
+    returned, in the dtype the inputs are computed in, as by the sequence ops (under autocast its dtype);
+    the memory stays in the accumulation dtype (float32, or float64).
     """
     check_step_inputs(q, k, v, beta, log_decay)
     dtype = _compute_dtype([q, k, v, beta])
@@ -189,10 +203,10 @@ def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, backend="au
     choice = memory.backend_for(backend, call, resolve)
     if on_choice is not None:
         on_choice(choice)
-    computed = dtype if choice.backend.READS_HALF_TYPES else call.accumulation_dtype
-    q, k, v, beta = (x if x is None or x.dtype == computed else x.to(computed) for x in (q, k, v, beta))
+    q, k, v, beta = _rounded((q, k, v, beta), call, choice)
     # An autocast context costs as much as a small op: entered only where autocast is on.
     autocast_off = torch.autocast(q.device.type, enabled=False) if torch.is_autocast_enabled(q.device.type) \
         else contextlib.nullcontext()
     with autocast_off:
-        return choice.backend.step_(call, memory, q, k, v, beta, log_decay)
+        out = choice.backend.step_(call, memory, q, k, v, beta, log_decay)
+    return out if out.dtype == dtype else out.to(dtype)
