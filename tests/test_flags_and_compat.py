@@ -114,3 +114,14 @@ def test_a_checkpoint_written_with_the_old_flag_loads_and_computes_as_before(cor
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(src, torch.tensor([4]), prev)[0],
                                    twin.eval()(src, torch.tensor([4]), prev)[0])
+
+
+@pytest.mark.parametrize("task, arch", MODELS)
+def test_a_dpfp_nu_the_feature_map_cannot_take_fails_at_parse_time(task, arch):
+    """DPFP-nu rolls r (size 2 x head_dim) by 1..nu: nu must stay below 2 x head_dim (16 in the tiny
+    models, so 32); the message names the flag, the limit and the head size."""
+    with pytest.raises(ValueError, match=r"--fwp-dpfp-nu 32 at the .* attention: dpfp nu must be below 2 x head_dim = 32 \(head_dim 16\)"):
+        parse_args(task, arch, "--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "32")
+    assert parse_args(task, arch, "--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "31").fwp_dpfp_nu == 31
+    # a value no site uses passes: the flag belongs to another feature map
+    assert parse_args(task, arch, "--fwp-feature-map", "linear", "--fwp-dpfp-nu", "64").fwp_dpfp_nu == 64

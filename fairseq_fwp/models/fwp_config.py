@@ -17,7 +17,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 
 from ..modules import attention_rules
 from ..modules.fast_weight_attention import UPDATE_RULES
-from ..modules.feature_maps import FEATURE_MAPS, QK_NORMS
+from ..modules.feature_maps import FEATURE_MAPS, QK_NORMS, OptionError, feature_map_class
 from ..modules.gates import DECAY_FORMS
 from ..modules.transformer_layers import SITES, layer_options, softmax_layers, uses_fast_weights
 from ..ops import BACKENDS
@@ -148,7 +148,10 @@ def validate(cfg, stacks):
     for site in sites:
         if not any(uses_fast_weights(cfg, site, index) for index in range(max(stacks.values()))):
             continue
-        options = layer_options(cfg, site, embed_dim=1, num_heads=1)
+        side = "encoder" if site == "encoder-self" else "decoder"
+        embed_dim, num_heads = getattr(cfg, f"{side}_embed_dim"), getattr(cfg, f"{side}_attention_heads")
+        options = layer_options(cfg, site, embed_dim=embed_dim, num_heads=num_heads)
+        _check_feature_map_options(options, embed_dim // num_heads, site)
 
         def describe(name, value):
             if name == "attention_normalization":
@@ -161,6 +164,21 @@ def validate(cfg, stacks):
             return f"{FLAG_OF_OPTION[name]} {value}"
 
         attention_rules.check(options, describe)
+
+
+# The flag that sets each feature-map option.
+FLAG_OF_FEATURE_MAP_OPTION = {"nu": "--fwp-dpfp-nu", "num_features": "--fwp-performer-features",
+                              "redraw_interval": "--fwp-performer-redraw"}
+
+
+def _check_feature_map_options(options, head_dim, site):
+    """What the site's feature map cannot take with its head size, refused naming the flag."""
+    map_options = options["feature_map_options"]
+    try:
+        feature_map_class(options["feature_map"]).check_options(head_dim, **map_options)
+    except OptionError as err:
+        flag = FLAG_OF_FEATURE_MAP_OPTION[err.option]
+        raise ValueError(f"{flag} {map_options[err.option]} at the {site} attention: {err}") from None
 
 
 def set_fwp_defaults(args, **overrides):

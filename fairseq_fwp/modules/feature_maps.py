@@ -47,8 +47,21 @@ def normalize_features(phi, how):
     return l2_normalize(phi) if how == "l2" else phi
 
 
+class OptionError(ValueError):
+    """A feature map's option that it cannot take; ``option`` names it (validate names its flag)."""
+
+    def __init__(self, option, message):
+        super().__init__(message)
+        self.option = option
+
+
 class FeatureMap(nn.Module):
     """Base class: phi with its output size ``out_dim``."""
+
+    @classmethod
+    def check_options(cls, head_dim, **options):
+        """Raises OptionError for an option value this map cannot take with heads of `head_dim`; checked
+        without building the map (building a random map draws from torch's generator)."""
 
     def training_step(self):
         """Called once before every training forward of the model; deterministic maps ignore it."""
@@ -103,13 +116,18 @@ class DPFPFeatureMap(FeatureMap):
 
     def __init__(self, head_dim, nu=1):
         super().__init__()
-        if not isinstance(nu, int) or nu < 1:
-            raise ValueError(f"dpfp nu must be an integer >= 1, got {nu!r}")
-        if nu >= 2 * head_dim:
-            raise ValueError(f"dpfp nu must be < 2 * head_dim = {2 * head_dim}, got {nu}")
+        self.check_options(head_dim, nu=nu)
         self.head_dim = head_dim
         self.nu = nu
         self.out_dim = 2 * head_dim * nu
+
+    @classmethod
+    def check_options(cls, head_dim, nu=1):
+        if not isinstance(nu, int) or nu < 1:
+            raise OptionError("nu", f"dpfp nu must be an integer >= 1, got {nu!r}")
+        if nu >= 2 * head_dim:  # roll(r, 2 head_dim) is r itself: the blocks would repeat
+            raise OptionError("nu", f"dpfp nu must be below 2 x head_dim = {2 * head_dim} (head_dim {head_dim}), "
+                                    f"got {nu}")
 
     def forward(self, x):
         r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)
@@ -146,10 +164,7 @@ class PerformerFeatureMap(FeatureMap):
     def __init__(self, head_dim, num_features=None, seed=None, redraw_interval=1, input_scaling=True):
         super().__init__()
         num_features = head_dim if num_features is None else num_features
-        if not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(f"performer num_features must be an integer >= 1, got {num_features!r}")
-        if not isinstance(redraw_interval, int) or redraw_interval < 0:
-            raise ValueError(f"performer redraw_interval must be an integer >= 0, got {redraw_interval!r}")
+        self.check_options(head_dim, num_features=num_features, redraw_interval=redraw_interval)
         self.head_dim = head_dim
         self.num_features = num_features
         self.out_dim = 2 * num_features
@@ -162,6 +177,14 @@ class PerformerFeatureMap(FeatureMap):
         self.register_buffer("num_draws", torch.zeros((), dtype=torch.long))
         self.register_buffer("num_steps", torch.zeros((), dtype=torch.long))
         self.redraw()
+
+    @classmethod
+    def check_options(cls, head_dim, num_features=None, seed=None, redraw_interval=1, input_scaling=True):
+        if num_features is not None and (not isinstance(num_features, int) or num_features < 1):
+            raise OptionError("num_features", f"performer num_features must be an integer >= 1, got {num_features!r}")
+        if not isinstance(redraw_interval, int) or redraw_interval < 0:
+            raise OptionError("redraw_interval",
+                              f"performer redraw_interval must be an integer >= 0, got {redraw_interval!r}")
 
     @torch.no_grad()
     def redraw(self):
@@ -223,15 +246,21 @@ def orthogonal_gaussian(d, m, generator):
     return (P * norms).float()
 
 
+FEATURE_MAP_CLASSES = {
+    "linear": LinearFeatureMap,
+    "performer": PerformerFeatureMap,
+    "dpfp": DPFPFeatureMap,
+    "silu": SiLUFeatureMap,
+}
+
+
+def feature_map_class(name):
+    if name not in FEATURE_MAP_CLASSES:
+        raise ValueError(f"feature map must be one of {', '.join(FEATURE_MAPS)}; got {name!r}")
+    return FEATURE_MAP_CLASSES[name]
+
+
 def build_feature_map(name, head_dim, **options):
     """Build a feature map by name: "linear", "performer" (num_features, seed, redraw_interval,
     input_scaling), "dpfp" (nu) or "silu"."""
-    builders = {
-        "linear": LinearFeatureMap,
-        "performer": PerformerFeatureMap,
-        "dpfp": DPFPFeatureMap,
-        "silu": SiLUFeatureMap,
-    }
-    if name not in builders:
-        raise ValueError(f"feature map must be one of {', '.join(FEATURE_MAPS)}; got {name!r}")
-    return builders[name](head_dim, **options)
+    return feature_map_class(name)(head_dim, **options)
