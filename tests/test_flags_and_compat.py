@@ -17,6 +17,7 @@ MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm
         ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'delta', 'gated-sum', 'gated-delta')"),
         ("--fwp-decay-form", "exp", "invalid choice: 'exp' (choose from 'mamba2', 'logsigmoid')"),
         ("--fwp-qk-norm", "l1", "invalid choice: 'l1' (choose from 'sum', 'l2', 'none')"),
+        ("--fwp-decoder-qk-norm", "l1", "invalid choice: 'l1' (choose from 'auto', 'sum', 'l2', 'none')"),
         ("--fwp-short-conv", "1", "expected 0 (none) or a kernel size >= 2, got 1"),
         ("--fwp-short-conv", "-4", "expected an integer >= 0, got -4"),
         ("--fwp-output-gate", "yes", "invalid choice: 'yes' (choose from 'on', 'off')"),
@@ -76,44 +77,52 @@ def test_fairseq_checkpoints_load_under_weights_only_default(tmp_path):
     assert checkpoint_utils.torch.nn is torch.nn
 
 
+def qk_norms(model):
+    from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
+
+    return {(m.causal, m.update_rule): m.qk_norm for m in model.modules() if isinstance(m, FastWeightAttention)}
+
+
 def test_the_old_sum_norm_flag_still_works_with_a_warning_naming_the_new_one(caplog):
     with caplog.at_level("WARNING", logger="fairseq_fwp.models.fwp_config"):
         args = parse_args("translation", "fwp_transformer_tiny", "--fwp-sum-norm", "off", "--fwp-update-rule", "delta")
     assert "--fwp-sum-norm is deprecated" in caplog.text and "--fwp-qk-norm none" in caplog.text
     assert args.fwp_qk_norm == "none" and args.fwp_sum_norm is None
     from helpers import build_translation_model
-    from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
 
     model, _ = build_translation_model("--fwp-sum-norm", "off", "--fwp-update-rule", "delta")
-    norms = {(m.causal, m.update_rule): m.qk_norm for m in model.modules() if isinstance(m, FastWeightAttention)}
-    assert norms == {(False, "sum"): "none", (True, "delta"): "sum"}  # as before: the delta rule always normalises
+    assert qk_norms(model) == {(False, "sum"): "none", (True, "delta"): "sum"}  # as before: the delta rule normalises
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("old", ["on", "off"])
-def test_a_checkpoint_written_with_the_old_flag_loads_and_computes_as_before(corpora, tmp_path, old):
-    """A config from before --fwp-qk-norm took `none` (fwp_sum_norm on/off beside fwp_qk_norm sum) loads
-    through fairseq's own loader, and the model computes what the same weights compute under the new flag."""
-    import torch
-    from fairseq import checkpoint_utils
-    from fairseq_fwp.recipes.pipeline import train_translation
+def test_without_the_old_flag_nothing_is_said_about_it(caplog):
+    with caplog.at_level("WARNING"):
+        parse_args("translation", "fwp_transformer_tiny", "--fwp-qk-norm", "none")
+        parse_args("language_modeling", "fwp_lm_tiny")
+    assert "deprecated" not in caplog.text
 
-    train_translation(corpora["mt"], tmp_path, max_update=1)
-    checkpoint = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
-    checkpoint["cfg"]["model"].fwp_sum_norm = old
-    torch.save(checkpoint, tmp_path / "old.pt")
-    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(tmp_path / "old.pt")], arg_overrides={"data": str(corpora["mt"])})
-    checkpoint["cfg"]["model"].fwp_sum_norm = None
-    checkpoint["cfg"]["model"].fwp_qk_norm = "none" if old == "off" else "sum"
-    torch.save(checkpoint, tmp_path / "new.pt")
-    (twin,), _, _ = checkpoint_utils.load_model_ensemble_and_task(
-        [str(tmp_path / "new.pt")], arg_overrides={"data": str(corpora["mt"])})
-    src = torch.tensor([[4, 5, 6, 2]])
-    prev = torch.tensor([[2, 7, 8]])
-    with torch.no_grad():
-        torch.testing.assert_close(model.eval()(src, torch.tensor([4]), prev)[0],
-                                   twin.eval()(src, torch.tensor([4]), prev)[0])
+
+@pytest.mark.parametrize("task, arch", MODELS)
+@pytest.mark.parametrize("old, new", [("off", "l2"), ("off", "sum"), ("on", "none")])
+def test_the_old_flag_never_overrides_an_explicit_qk_norm(task, arch, old, new):
+    with pytest.raises(ValueError, match=f"--fwp-sum-norm {old} disagrees with --fwp-qk-norm {new}"):
+        parse_args(task, arch, "--fwp-sum-norm", old, "--fwp-qk-norm", new)
+    agreed = "none" if old == "off" else "l2"
+    agreeing = parse_args(task, arch, "--fwp-sum-norm", old, "--fwp-qk-norm", agreed)
+    assert agreeing.fwp_qk_norm == agreed and agreeing.fwp_sum_norm is None
+
+
+def test_the_decoder_self_attention_has_its_own_qk_norm():
+    from helpers import build_translation_model
+
+    model, _ = build_translation_model("--fwp-qk-norm", "none", "--fwp-decoder-qk-norm", "l2",
+                                       "--fwp-update-rule", "delta")
+    assert qk_norms(model) == {(False, "sum"): "none", (True, "delta"): "l2"}
+    model, _ = build_translation_model("--fwp-feature-map", "silu", "--fwp-qk-norm", "none",
+                                       "--fwp-update-rule", "delta", "--fwp-attn-norm", "off")
+    assert qk_norms(model) == {(False, "sum"): "none", (True, "delta"): "l2"}  # auto: l2 for signed features
+    with pytest.raises(ValueError, match="--fwp-update-rule delta with --fwp-decoder-qk-norm none: the delta rules "
+                                         "need normalised keys"):
+        parse_args("language_modeling", "fwp_lm_tiny", "--fwp-decoder-qk-norm", "none")
 
 
 @pytest.mark.parametrize("task, arch", MODELS)

@@ -19,6 +19,7 @@ from ..modules import attention_rules
 from ..modules.fast_weight_attention import UPDATE_RULES
 from ..modules.feature_maps import FEATURE_MAPS, QK_NORMS, OptionError, feature_map_class
 from ..modules.gates import DECAY_FORMS
+from ..modules.attention_rules import DELTA_RULES
 from ..modules.transformer_layers import SITES, layer_options, softmax_layers, uses_fast_weights
 from ..ops import BACKENDS
 
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 ATTENTION_KINDS = ("softmax",) + FEATURE_MAPS
 ON_OFF = ("on", "off")
 AUTO_ON_OFF = ("auto", "on", "off")
+AUTO_QK_NORMS = ("auto",) + QK_NORMS
 
 
 @dataclass
@@ -41,8 +43,11 @@ class FastWeightConfig(FairseqDataclass):
                                              "DeltaNet) or logsigmoid (exp(logsigmoid(w.x + b) / 16), GLA)"})
     fwp_qk_norm: ChoiceEnum(QK_NORMS) = field(
         default="sum", metadata={"help": "how phi(q), phi(k) are normalised at every fast-weight site: sum "
-                                          "(Eq. 29), l2 (DeltaNet; with --fwp-feature-map silu) or none (the delta "
-                                          "rules still normalise with sum: they diverge without)"})
+                                          "(Eq. 29), l2 (DeltaNet; with --fwp-feature-map silu) or none"})
+    fwp_decoder_qk_norm: ChoiceEnum(AUTO_QK_NORMS) = field(
+        default="auto", metadata={"help": "the decoder self-attention's own setting; auto: as --fwp-qk-norm, "
+                                           "except that a delta rule, whose keys must be normalised, takes sum (l2 "
+                                           "for silu features) where that is none"})
     fwp_short_conv: int = field(
         default=0, metadata={"help": "kernel size of a short causal depthwise convolution on the decoder "
                                       "self-attention's q, k, v projections (0 = none; DeltaNet uses 4)"})
@@ -65,7 +70,7 @@ class FastWeightConfig(FairseqDataclass):
     fwp_backend: ChoiceEnum(BACKENDS) = field(default="auto", metadata={"help": "fast-weight op backend"})
     fwp_sum_norm: Optional[ChoiceEnum(ON_OFF)] = field(
         default=None, metadata={"help": "deprecated: --fwp-qk-norm says it (--fwp-sum-norm off is --fwp-qk-norm "
-                                         "none)"})
+                                         "none, on any other value)"})
     fwp_attn_norm: ChoiceEnum(AUTO_ON_OFF) = field(
         default="auto", metadata={"help": "divide outputs by z_t . phi(q_t) (Eqs. 19, 26-28) at every fast-weight "
                                            "site; auto: on for the sum rule (Table 1), off for the others"})
@@ -104,11 +109,17 @@ def _layer_list(text):
     return text
 
 
+class GivenOnCommandLine(str):
+    """A value of the deprecated --fwp-sum-norm as typed on a command line: it is read as the user means it
+    now, where a stored config's value is read as the code that stored it computed it (upgrade_sum_norm)."""
+
+
 def tighten_arg_types(parser):
-    """Make the integer flags reject out-of-range values at parse time."""
+    """Make the integer flags reject out-of-range values at parse time, and mark --fwp-sum-norm's values
+    as given on the command line."""
     checks = {"fwp_dpfp_nu": _at_least(1), "fwp_performer_features": _at_least(0),
               "fwp_performer_redraw": _at_least(0), "fwp_short_conv": _kernel_size,
-              "fwp_softmax_layers": _layer_list}
+              "fwp_softmax_layers": _layer_list, "fwp_sum_norm": GivenOnCommandLine}
     for action in parser._actions:
         if action.dest in checks:
             action.type = checks[action.dest]
@@ -126,19 +137,40 @@ FLAG_OF_OPTION = {"feature_map": "--fwp-feature-map", "update_rule": "--fwp-upda
                   "causal": "site"}
 
 
+def upgrade_sum_norm(cfg):
+    """Moves the deprecated --fwp-sum-norm into --fwp-qk-norm and --fwp-decoder-qk-norm (then None).
+
+    Typed on a command line (GivenOnCommandLine), it means what it says now, with a warning: off is
+    --fwp-qk-norm none, on any other value; an explicit --fwp-qk-norm that says otherwise stops the run,
+    naming both. In a stored config (a checkpoint written while it was a flag of its own), it means what
+    that code computed: off left phi(q), phi(k) unnormalised everywhere except at a delta rule's decoder
+    self-attention, which kept --fwp-qk-norm's normalisation.
+    """
+    old = getattr(cfg, "fwp_sum_norm", None)
+    if old is None:
+        return
+    cfg.fwp_sum_norm = None
+    if isinstance(old, GivenOnCommandLine):
+        logger.warning("--fwp-sum-norm is deprecated: --fwp-qk-norm says how phi(q), phi(k) are normalised "
+                       "(--fwp-sum-norm off is --fwp-qk-norm none, on any other value)")
+        given = getattr(cfg, "fwp_qk_norm", None)
+        if given is not None and (given == "none") != (old == "off"):
+            raise ValueError(f"--fwp-sum-norm {old} disagrees with --fwp-qk-norm {given}: give --fwp-qk-norm alone "
+                             "(--fwp-sum-norm is deprecated; to keep only a delta rule's keys normalised, as "
+                             "--fwp-sum-norm off did, give --fwp-qk-norm none --fwp-decoder-qk-norm sum or l2)")
+        if old == "off":
+            cfg.fwp_qk_norm = "none"
+        return
+    if old == "off":
+        if str(cfg.fwp_update_rule) in DELTA_RULES and getattr(cfg, "fwp_decoder_qk_norm", None) in (None, "auto"):
+            cfg.fwp_decoder_qk_norm = str(cfg.fwp_qk_norm)
+        cfg.fwp_qk_norm = "none"
+
+
 def validate(cfg, stacks):
     """Every rule that combines --fwp-* flags; raises ValueError naming the flags. stacks: {"encoder":
-    layer count, "decoder": layer count} of the model (the LM has a decoder only).
-
-    Also upgrades a config that still has --fwp-sum-norm (old checkpoints, old command lines): its
-    meaning moves into --fwp-qk-norm, with a warning that names the new flag.
-    """
-    if cfg.fwp_sum_norm is not None:
-        logger.warning("--fwp-sum-norm is deprecated: --fwp-qk-norm says how phi(q), phi(k) are normalised "
-                       "(--fwp-sum-norm off is --fwp-qk-norm none)")
-        if cfg.fwp_sum_norm == "off":
-            cfg.fwp_qk_norm = "none"
-        cfg.fwp_sum_norm = None
+    layer count, "decoder": layer count} of the model (the LM has a decoder only)."""
+    upgrade_sum_norm(cfg)  # configs built in code, which no architecture function saw
     for index in sorted(softmax_layers(cfg)):
         if all(index >= count for count in stacks.values()):
             counts = " and ".join(f"{count} {name} layers" for name, count in stacks.items())
@@ -154,6 +186,8 @@ def validate(cfg, stacks):
         _check_feature_map_options(options, embed_dim // num_heads, site)
 
         def describe(name, value):
+            if name == "qk_norm" and site == "decoder-self" and cfg.fwp_decoder_qk_norm != "auto":
+                return f"--fwp-decoder-qk-norm {value}"
             if name == "attention_normalization":
                 flag = "--fwp-decoder-attn-norm" if site == "decoder-self" and cfg.fwp_decoder_attn_norm != "auto" \
                     else "--fwp-attn-norm"
@@ -182,7 +216,9 @@ def _check_feature_map_options(options, head_dim, site):
 
 
 def set_fwp_defaults(args, **overrides):
-    """Fill unset --fwp-* values: first the arch's overrides, then the dataclass defaults."""
+    """Fill unset --fwp-* values: first the arch's overrides, then the dataclass defaults (after the
+    deprecated --fwp-sum-norm is upgraded: it must see which values were given)."""
+    upgrade_sum_norm(args)
     for name, f in FastWeightConfig.__dataclass_fields__.items():
         if getattr(args, name, None) is None:
             setattr(args, name, overrides.get(name, f.default))

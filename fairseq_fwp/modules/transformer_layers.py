@@ -8,6 +8,7 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from .attention_rules import DELTA_RULES
 from .fast_weight_attention import FastWeightAttention
 
 # Which attentions --fwp-sites replaces.
@@ -70,12 +71,10 @@ def layer_options(cfg, site, embed_dim, num_heads):
         options.update(num_features=cfg.fwp_performer_features or embed_dim // num_heads,
                        redraw_interval=cfg.fwp_performer_redraw, input_scaling=cfg.fwp_performer_scaling == "on")
     rule = str(cfg.fwp_update_rule) if causal else "sum"  # the rule programs the decoder self-attention
-    qk_norm = str(cfg.fwp_qk_norm)
-    if qk_norm == "none" and rule in ("delta", "gated-delta"):
-        qk_norm = "sum"  # the delta rules always normalise their keys (Eq. 29): they diverge without
     return dict(
         embed_dim=embed_dim, num_heads=num_heads, causal=causal, feature_map=name, feature_map_options=options,
-        update_rule=rule, qk_norm=qk_norm, attention_normalization=attention_normalization(cfg, causal, rule),
+        update_rule=rule, qk_norm=qk_normalization(cfg, causal, rule),
+        attention_normalization=attention_normalization(cfg, causal, rule),
         output_scaling=cfg.fwp_output_scaling == "on", decay_form=str(cfg.fwp_decay_form),
         short_conv=cfg.fwp_short_conv if causal else 0, output_gate=cfg.fwp_output_gate == "on",
         backend=str(cfg.fwp_backend))
@@ -84,6 +83,20 @@ def layer_options(cfg, site, embed_dim, num_heads):
 def build_fast_weight_attention(cfg, site, embed_dim, num_heads, kdim=None):
     """A FastWeightAttention for `site`, configured from the --fwp-* values in cfg."""
     return FastWeightAttention(**layer_options(cfg, site, embed_dim, num_heads), kdim=kdim, vdim=kdim)
+
+
+def qk_normalization(cfg, decoder_self, rule):
+    """--fwp-decoder-qk-norm for the decoder self-attention (when not auto), else --fwp-qk-norm.
+
+    auto: as --fwp-qk-norm, except that a delta rule takes sum (Eq. 29; l2 for signed silu features) where
+    that is none: its keys must be normalised, or the recurrence diverges.
+    """
+    if decoder_self and cfg.fwp_decoder_qk_norm != "auto":
+        return str(cfg.fwp_decoder_qk_norm)
+    value = str(cfg.fwp_qk_norm)
+    if decoder_self and value == "none" and rule in DELTA_RULES:
+        return "l2" if str(cfg.fwp_feature_map) == "silu" else "sum"
+    return value
 
 
 def attention_normalization(cfg, decoder_self, rule):
