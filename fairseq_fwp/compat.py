@@ -16,6 +16,10 @@
    with the TPU switch off again, whether they were launched as console
    scripts (``fairseq-train``) or as modules (``python -m fairseq_cli.train``,
    which runs as ``__main__``).
+4. fairseq writes a checkpoint from rank 0 alone, and gives a task no hook
+   that runs on every rank before it does. Before each save, every rank now
+   calls the task's ``prepare_checkpoint(trainer)`` where it has one:
+   fwp_stream_lm gathers every rank's carried streams there.
 """
 import functools
 import importlib.util
@@ -105,7 +109,26 @@ def _patch_bf16_without_tpu():
         module.convert_namespace_to_omegaconf = convert_keeping_bf16_off_tpu
 
 
+def _patch_checkpoint_saving():
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.save_checkpoint
+    if getattr(original, "_fwp_prepares_the_task", False):
+        return
+
+    @functools.wraps(original)
+    def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
+        prepare = getattr(trainer.task, "prepare_checkpoint", None)
+        if prepare is not None and not cfg.no_save:
+            prepare(trainer)
+        return original(cfg, trainer, epoch_itr, val_loss)
+
+    save_checkpoint._fwp_prepares_the_task = True
+    checkpoint_utils.save_checkpoint = save_checkpoint
+
+
 def apply():
     _patch_checkpoint_loading()
+    _patch_checkpoint_saving()
     _patch_batch_by_size()
     _patch_bf16_without_tpu()

@@ -125,3 +125,32 @@ def test_every_parameter_gets_a_gradient(fm, rule, attn_norm):
         out.float().pow(2).mean().backward()
         unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
         assert not unused, unused
+
+
+STREAM_FLAGS = ["--user-dir", PLUGIN_DIR, "--task", "fwp_stream_lm", "--arch", "fwp_lm_tiny", "--batch-size", 4,
+                "--tokens-per-sample", 16, "--optimizer", "adam", "--lr", 0.002, "--lr-scheduler", "inverse_sqrt",
+                "--warmup-updates", 10, "--log-format", "simple", "--log-interval", 1, "--seed", 3, "--dropout", 0,
+                "--no-epoch-checkpoints", "--disable-validation", "--num-workers", 0]
+
+
+@pytest.mark.slow
+def test_carried_streams_of_every_rank_resume_exactly(data, tmp_path):
+    """Each of 2 ranks carries its own streams' fast weights: a run stopped mid-epoch at update 7 and
+    resumed continues every rank's streams (the losses of updates 8-10 as the run that never stopped);
+    resumed by another number of processes, mid-epoch, it stops and says what to do."""
+    def run(save_dir, nprocs, updates, name):
+        with open(tmp_path / f"{name}.log", "w") as log:
+            status = distributed_cpu.launch([data["lm"], *STREAM_FLAGS, "--max-update", updates,
+                                             "--save-dir", save_dir], nprocs, stdout=log)
+        return status, open(tmp_path / f"{name}.log").read()
+
+    status, whole = run(tmp_path / "whole", 2, 10, "whole")
+    assert status == 0, whole[-3000:]
+    assert run(tmp_path / "stopped", 2, 7, "first")[0] == 0
+    status, resumed = run(tmp_path / "stopped", 2, 10, "resumed")
+    assert status == 0 and "Loaded checkpoint" in resumed, resumed[-3000:]
+    assert set(losses(resumed)) == {8, 9, 10}
+    assert losses(resumed) == {n: losses(whole)[n] for n in (8, 9, 10)}
+
+    with pytest.raises(RuntimeError, match="the checkpoint carries the streams of 2 data-parallel ranks, this run has 1"):
+        fairseq("train", data["lm"], *STREAM_FLAGS, "--max-update", 10, "--save-dir", tmp_path / "stopped")

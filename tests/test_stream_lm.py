@@ -268,3 +268,45 @@ def test_checkpoints_with_and_without_carried_streams_load_either_way():
     layer = fast_weight_layers(fresh)[0]
     torch.testing.assert_close(layer.streams.last(True).memory.fast_weight,
                                fast_weight_layers(carrying)[0].streams.last(True).memory.fast_weight)
+
+
+def test_every_ranks_streams_are_saved_and_each_rank_takes_its_own():
+    """Unit level of the 2-rank resume (tests/test_reliability.py): the saved streams of every rank,
+    the old one-stream format, and a checkpoint of another number of ranks, which may restart its streams
+    from zero but not continue them."""
+    from fairseq_fwp.modules.carried_streams import CarriedStreams
+    from fairseq_fwp.modules.state import FastWeightState
+    from fairseq_fwp.ops import Memory
+
+    def streams_at(rank, world_size, value):
+        streams = CarriedStreams(rank, world_size)
+        streams.start_segment(0, True)
+        W = torch.full((2, 1, 3, 4), float(value)).transpose(-1, -2)  # as the ops return W: a transposed view
+        streams.end(True, FastWeightState(Memory(fast_weight=W)))
+        return streams
+
+    ranks = [streams_at(r, 2, r + 1) for r in range(2)]
+    assert ranks[0].get_extra_state()["ranks"] is None  # without the gather: not every rank's streams
+    for streams in ranks:
+        streams.hold_every_rank([s.training_stream() for s in ranks])
+    saved = ranks[0].get_extra_state()
+    assert saved["world_size"] == 2 and all(r["end"]["fast_weight"].is_contiguous() for r in saved["ranks"])
+    for rank in range(2):
+        resumed = CarriedStreams(rank, 2)
+        resumed.set_extra_state(saved)
+        resumed.start_segment(1, True)
+        assert torch.equal(resumed.start(True, 2, "cpu").memory.fast_weight, torch.full((2, 1, 4, 3), rank + 1.0))
+
+    alone = CarriedStreams(0, 1)
+    alone.set_extra_state(saved)
+    with pytest.raises(RuntimeError, match="carries the streams of 2 data-parallel ranks, this run has 1: .*"
+                                           "--reset-dataloader"):
+        alone.start_segment(1, True)
+    alone.set_extra_state(saved)
+    alone.start_segment(0, True)  # a new epoch (or --reset-dataloader): from zero, as always
+    assert alone.start(True, 2, "cpu").memory.fast_weight is None
+
+    old_format = {"position": 0, "start": saved["ranks"][1]["start"], "end": saved["ranks"][1]["end"]}
+    alone.set_extra_state(old_format)  # one process's stream, as saved before every rank's were
+    alone.start_segment(1, True)
+    assert torch.equal(alone.start(True, 2, "cpu").memory.fast_weight, torch.full((2, 1, 4, 3), 2.0))

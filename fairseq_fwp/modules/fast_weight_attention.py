@@ -274,8 +274,9 @@ class FastWeightAttention(nn.Module):
 
     # -- carry-over across segments (paper Table 4) ------------------------------
 
-    def enable_carry_over(self):
-        """Start every causal segment from the final state of the stream's previous segment.
+    def enable_carry_over(self, rank=0, world_size=1):
+        """Start every causal segment from the final state of the stream's previous segment; rank and
+        world_size: this process's place among data-parallel ranks, each of which carries its own streams.
 
         Whoever feeds the segments calls ``start_segment`` before each one
         (the task fwp_stream_lm does); carried_streams.py says how. Incremental
@@ -284,7 +285,7 @@ class FastWeightAttention(nn.Module):
         it was written with (whoever feeds the segments may move to another
         draw where the streams start from zero: fix_features).
         """
-        self.streams = CarriedStreams()
+        self.streams = CarriedStreams(rank, world_size)
         if self.feature_map.draw is not None:
             self.feature_map.fix_features(self.feature_map.draw)
 

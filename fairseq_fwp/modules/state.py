@@ -82,9 +82,13 @@ class FastWeightState:
     # -- checkpoints ------------------------------------------------------------------
 
     def as_dict(self):
-        """Plain tensors and numbers, for a checkpoint (the memory as W)."""
-        return {"fast_weight": self.memory.materialized(), "key_sum": self.key_sum,
-                "convolutions": list(self.convolutions), "feature_draw": self.feature_draw}
+        """Plain contiguous tensors and numbers, for a checkpoint (the memory as W). Contiguous: fairseq hands
+        a loaded checkpoint to the other ranks by sending each tensor's memory as if it were contiguous (a
+        transposed W arrived transposed)."""
+        contiguous = lambda x: None if x is None else x.contiguous()  # noqa: E731
+        return {"fast_weight": contiguous(self.memory.materialized()), "key_sum": contiguous(self.key_sum),
+                "convolutions": [cache.contiguous() for cache in self.convolutions],
+                "feature_draw": self.feature_draw}
 
     @classmethod
     def from_dict(cls, saved):

@@ -8,16 +8,17 @@ whole split), and batch i holds segment i of every stream: row r of batch
 i + 1 continues row r of batch i. With `--fwp-carry-over on` every causal
 fast-weight layer starts a segment from the state (W, and z where used) that
 ended the previous segment of the same stream, detached (truncated
-backpropagation). Before every batch (train_step, valid_step, and each batch
+backpropagation). With several data-parallel ranks each reads its own
+streams. Before every batch (train_step, valid_step, and each batch
 of fairseq-eval-lm) the task tells the layers the segment's position, and
 the position decides (FastWeightAttention.start_segment): segment 0 starts
 from zero, so every epoch, every validation subset and every evaluation
 starts its streams from zero; a segment seen again (a retried update, or
 the second forward of --checkpoint-activations) starts where it started
-before. The training streams' state is part of the model's checkpoint
-(modules/carried_streams.py), and the features are a function of the epoch,
-so a run resumed in the middle of an epoch continues exactly as the run that
-never stopped.
+before. Every rank's training streams are part of the model's checkpoint (gathered
+before fairseq saves one: prepare_checkpoint; modules/carried_streams.py), and
+the features are a function of the epoch, so a run resumed in the middle of an
+epoch by as many processes continues exactly as the run that never stopped.
 
 `--fwp-stream-offset random` moves the streams from epoch to epoch: each
 training epoch reads the text from a random offset (wrapping around from the
@@ -50,6 +51,7 @@ import torch
 from fairseq import utils
 from fairseq.data import Dictionary, FairseqDataset, data_utils, iterators
 from fairseq.data.indexed_dataset import MMapIndexedDataset
+from fairseq.distributed import utils as distributed_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
@@ -138,6 +140,13 @@ class StreamSegments(FairseqDataset):
         }
 
 
+def data_parallel_place():
+    """(this process's data-parallel rank, the number of ranks); (0, 1) in a process of its own."""
+    if not torch.distributed.is_initialized():
+        return 0, 1
+    return distributed_utils.get_data_parallel_rank(), distributed_utils.get_data_parallel_world_size()
+
+
 class SegmentStarts:
     """fairseq-eval-lm's batches, each announced to the carrying layers before it is scored
     (eval-lm has no per-batch hook of the task)."""
@@ -179,10 +188,25 @@ class StreamLanguageModelingTask(FairseqTask):
         if self.cfg.fwp_carry_over == "on":
             if not layers:
                 logger.warning("--fwp-carry-over on: the model has no causal fast-weight layer; nothing is carried")
+            rank, ranks = data_parallel_place()
             for layer in layers:
-                layer.enable_carry_over()  # random features: one draw per epoch from now on (begin_epoch)
+                layer.enable_carry_over(rank, ranks)  # random features: one draw per epoch (begin_epoch)
             self._carrying_layers.extend(layers)  # eval-lm may build an ensemble: every model's layers
         return model
+
+    def prepare_checkpoint(self, trainer):
+        """Before fairseq saves a checkpoint, on every rank (compat.py calls it): every rank's training
+        streams are gathered into the carrying layers, so that rank 0, which writes the checkpoint, saves
+        them all."""
+        layers = self._carrying_layers
+        ranks = data_parallel_place()[1]
+        if not layers or ranks == 1:
+            return
+        streams = [None] * ranks
+        torch.distributed.all_gather_object(streams, [layer.streams.training_stream() for layer in layers],
+                                            group=trainer.data_parallel_process_group)
+        for i, layer in enumerate(layers):
+            layer.streams.hold_every_rank([per_rank[i] for per_rank in streams])
 
     def _start_segment(self, sample, training):
         for layer in self._carrying_layers:
