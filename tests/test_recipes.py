@@ -231,3 +231,50 @@ def test_the_convergence_measure_reads_the_best_validation_loss_before_and_withi
     assert validation_losses(log) == losses
     assert improvement(log, 200) == pytest.approx((2.0 - 1.9) / 2.0)  # best up to update 300 against best overall
     assert improvement(log, 500) is None and improvement("no validation", 100) is None
+
+
+def prepare_synthetic(out, delay=0.0):
+    """The translation recipe's preparation of a small synthetic corpus into `out` (a child process's job)."""
+    import time
+
+    from fairseq_fwp.recipes import translation
+    from test_raw_text import corpus_pairs
+
+    time.sleep(delay)
+    translation.prepare(corpus_pairs(out.parent / f"pairs-{os.getpid()}", 400), "src", "tgt", str(out), merges=40)
+
+
+@pytest.mark.slow
+def test_two_preparations_of_one_folder_started_together_give_one_whole_corpus(tmp_path):
+    """Two recipe runs on one --out prepare at the same time: one prepares, the other waits and finds the
+    corpus done; the corpus equals one prepared alone, and no staging folder is left."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    runs = [context.Process(target=prepare_synthetic, args=(tmp_path / "shared", delay)) for delay in (0.0, 0.5)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert [run.exitcode for run in runs] == [0, 0]
+    prepare_synthetic(tmp_path / "alone")
+    for name in ("dict.src.txt", "train.src-tgt.src.bin", "test.src-tgt.tgt.idx"):
+        assert (tmp_path / "shared" / "bin" / name).read_bytes() == (tmp_path / "alone" / "bin" / name).read_bytes()
+    assert sorted(os.listdir(tmp_path / "shared")) == [".prepare.lock", "PREPARED", "bin", "bpe", "raw", "tok"]
+
+
+def test_a_corpus_bped_with_incomplete_codes_stops_the_preparation(tmp_path, monkeypatch):
+    """Codes read while another run still wrote them split the text into characters: refused."""
+    from fairseq_fwp.recipes import bpe
+
+    apply = bpe.apply
+
+    def apply_the_first_lines(tool, codes_path, lines):
+        truncated = f"{codes_path}.partial"
+        text.write_lines(truncated, text.read_lines(codes_path)[:3])
+        return apply(tool, truncated, lines)
+
+    monkeypatch.setattr(bpe, "apply", apply_the_first_lines)
+    with pytest.raises(RuntimeError, match=r"holds \d+ subword types, but its codes make 40 merges"):
+        prepare_synthetic(tmp_path / "out")
+    assert not os.path.exists(tmp_path / "out" / "PREPARED")

@@ -11,18 +11,26 @@ Evaluation protocols:
 """
 import os
 import re
-import shutil
 
 from .commands import PLUGIN_DIR, fairseq
+from .prepared import preparing
 
 PROTOCOLS = ("sliding", "carry")
 
 
 def prepare(train, valid, test, out, workers=1):
-    """Binarise word-level text files (one line per line of text, </s> at each end)."""
-    shutil.rmtree(os.path.join(out, "bin"), ignore_errors=True)
+    """Binarise word-level text files (one line per line of text, </s> at each end) into OUT/bin, once per
+    OUT, whoever else prepares it at the same time (prepared.py)."""
+    with preparing(out) as staging:
+        if staging is None:
+            print(f"{out}: prepared already", flush=True)
+            return
+        binarise(train, valid, test, os.path.join(staging, "bin"), workers)
+
+
+def binarise(train, valid, test, destdir, workers=1):
     fairseq("preprocess", "--only-source", "--trainpref", train, "--validpref", valid, "--testpref", test,
-            "--destdir", os.path.join(out, "bin"), "--workers", workers, echo=True)
+            "--destdir", destdir, "--workers", workers, echo=True)
 
 
 def task_flags(task, tokens_per_sample, batch_size):

@@ -34,7 +34,7 @@ import time
 import urllib.request
 
 from .. import uptrain
-from . import language_model, rows, text, translation
+from . import language_model, prepared, rows, text, translation
 from .pipeline import train_words_per_second
 from .commands import PLUGIN_DIR
 
@@ -100,7 +100,7 @@ def corpus_folder(corpus, data_dir):
 
 def prepare_multi30k(data_dir, out):
     source = corpus_folder("multi30k", data_dir)
-    if os.path.exists(os.path.join(out, "bin", "dict.en.txt")):
+    if prepared.is_prepared(out):
         return
     read = lambda stem, lang: text.read_lines(os.path.join(source, f"{stem}.{lang}.gz"))  # noqa: E731
     pairs = {split: [(read(stem, "en"), read(stem, "de"))]
@@ -174,15 +174,17 @@ def split_at_article_boundary(lines, fraction):
 
 def prepare_wikitext2(data_dir, out):
     source = corpus_folder("wikitext2", data_dir)
-    if os.path.exists(os.path.join(out, "bin", "dict.txt")):
-        return
-    raw = os.path.join(out, "raw")
-    os.makedirs(raw, exist_ok=True)
-    valid, test = split_at_article_boundary(text.read_lines(os.path.join(source, "test.txt")), TEST_FROM)
-    text.write_lines(os.path.join(raw, "train.txt"), text.read_lines(os.path.join(source, "valid.txt")))
-    text.write_lines(os.path.join(raw, "valid.txt"), valid)
-    text.write_lines(os.path.join(raw, "test.txt"), test)
-    language_model.prepare(*(os.path.join(raw, f"{s}.txt") for s in ("train", "valid", "test")), out, workers=2)
+    with prepared.preparing(out) as staging:  # once per OUT, whoever else prepares it at the same time
+        if staging is None:
+            return
+        raw = os.path.join(staging, "raw")
+        os.makedirs(raw)
+        valid, test = split_at_article_boundary(text.read_lines(os.path.join(source, "test.txt")), TEST_FROM)
+        text.write_lines(os.path.join(raw, "train.txt"), text.read_lines(os.path.join(source, "valid.txt")))
+        text.write_lines(os.path.join(raw, "valid.txt"), valid)
+        text.write_lines(os.path.join(raw, "test.txt"), test)
+        language_model.binarise(*(os.path.join(raw, f"{s}.txt") for s in ("train", "valid", "test")),
+                                os.path.join(staging, "bin"), workers=2)
 
 
 def run_wikitext2_row(out, row, max_update, seed):

@@ -8,16 +8,27 @@ Prepared layout (OUT is the --out folder):
 """
 import os
 import re
-import shutil
 
 import sacrebleu
 
 from . import bpe, text
 from .commands import PLUGIN_DIR, fairseq
+from .prepared import preparing
 
 
 def prepare(pairs, src, tgt, out, merges, workers=1, bpe_tool="subword-nmt"):
-    """pairs: {"train": [(src_lines, tgt_lines), ...], "valid": [...], "test": [...]} of raw text."""
+    """pairs: {"train": [(src_lines, tgt_lines), ...], "valid": [...], "test": [...]} of raw text.
+
+    Once per OUT, whoever else prepares it at the same time (prepared.py); a BPE'd corpus that comes
+    out implausible (check_subwords) stops here."""
+    with preparing(out) as staging:
+        if staging is None:
+            print(f"{out}: prepared already", flush=True)
+            return
+        _prepare(pairs, src, tgt, staging, merges, workers, bpe_tool)
+
+
+def _prepare(pairs, src, tgt, out, merges, workers, bpe_tool):
     for folder in ("raw", "tok", "bpe"):
         os.makedirs(os.path.join(out, folder), exist_ok=True)
     for split, parts in pairs.items():
@@ -39,11 +50,24 @@ def prepare(pairs, src, tgt, out, merges, workers=1, bpe_tool="subword-nmt"):
         for lang in (src, tgt):
             tokenized = text.read_lines(os.path.join(out, "tok", f"{split}.{lang}"))
             text.write_lines(os.path.join(out, "bpe", f"{split}.{lang}"), bpe.apply(bpe_tool, codes, tokenized))
-    shutil.rmtree(os.path.join(out, "bin"), ignore_errors=True)
+    check_subwords(out, src, tgt)
     bpe_dir = os.path.join(out, "bpe")
     fairseq("preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref", f"{bpe_dir}/train",
             "--validpref", f"{bpe_dir}/valid", "--testpref", f"{bpe_dir}/test", "--destdir", os.path.join(out, "bin"),
             "--joined-dictionary", "--workers", workers, echo=True)
+
+
+def check_subwords(out, src, tgt):
+    """Stops where the BPE'd training text holds far fewer subword types than the codes make: the mark of
+    codes applied while incomplete, which split most words into characters (a correct corpus holds about
+    one type per merge; a character-split one a few hundred types in all)."""
+    merges = sum(not line.startswith("#version") for line in text.read_lines(os.path.join(out, "bpe", "codes")))
+    types = {token for lang in (src, tgt) for line in text.read_lines(os.path.join(out, "bpe", f"train.{lang}"))
+             for token in line.split()}
+    if merges > 0 and len(types) < merges / 2:
+        raise RuntimeError(f"the BPE'd training text holds {len(types)} subword types, but its codes make {merges} "
+                           f"merges: the codes were applied while incomplete (another preparation writing "
+                           f"them?). Delete {out} and prepare again")
 
 
 def train(data_bin, save_dir, arch, row_flags, hyper_flags, extra=(), log=None):
