@@ -10,7 +10,8 @@ Everything after ``--`` is what fairseq-train will be given: the fast-weight
 model is built from it, every parameter it shares with the softmax checkpoint
 (embeddings, projections, feed-forward layers, norms: the same names in both)
 is copied, and the new ones (the delta rule's beta projection, decay and
-output gates, short convolutions, random features) are initialised afresh:
+output gates, short convolutions, random features) are initialised afresh
+(a new parameter outside the fast-weight attentions stops the conversion):
 by default (``--added-modules ungated``) decay gates at a_t = exp(-1e-4) and
 short convolutions as identities (FastWeightAttention.start_as_ungated), so
 that the converted model starts as its softmax source's nearest fast-weight
@@ -97,6 +98,19 @@ def transfer(source, target):
     return state, [name for name in target if name not in source]
 
 
+def check_only_attentions_are_fresh(model, fresh):
+    """Only the fast-weight attentions may hold parameters the softmax checkpoint has no value for (their
+    write strengths, gates, convolutions, random features); anything else the softmax model was trained
+    without (NormFormer's --scale-* modules, say) would start untrained. Raises ValueError naming them."""
+    attentions = tuple(f"{name}." for name, module in model.named_modules() if isinstance(module, FastWeightAttention))
+    outside = [name for name in fresh if not name.startswith(attentions)]
+    if outside:
+        raise ValueError("the softmax checkpoint has no value for these parameters of the fast-weight model, which "
+                         f"belong to no fast-weight attention: {', '.join(outside)} (an option the softmax model "
+                         "was trained without, e.g. NormFormer's --scale-attn, --scale-fc, --scale-heads, "
+                         "--scale-resids? give the softmax model's options after --)")
+
+
 ADDED_MODULES = ("ungated", "fresh")
 
 
@@ -123,6 +137,7 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
         raise ValueError("the fast-weight model would compute differently from the softmax checkpoint beyond its "
                          f"attention; give the softmax model's options after --{hint}:\n  " + "\n  ".join(differences))
     state, fresh = transfer(checkpoint["model"], model.state_dict())
+    check_only_attentions_are_fresh(model, fresh)
     model.load_state_dict(state, strict=True)  # the target's own check that nothing is missing
     for attention in model.modules():
         if isinstance(attention, FastWeightAttention) and added_modules == "ungated":

@@ -229,3 +229,33 @@ def test_a_model_that_computes_differently_is_refused_naming_every_difference(so
                        "encoder_normalize_before: softmax False, fast-weight True"):
         assert difference in message, message
     assert not (tmp_path / "x.pt").exists()
+
+
+NORMFORMER = ["--scale-attn", "--scale-fc", "--scale-heads", "--scale-resids"]
+
+
+@pytest.mark.slow
+def test_normformers_parameters_are_converted_or_refused_by_name(corpora, tmp_path):
+    """NormFormer's options (--scale-attn, --scale-fc, --scale-heads, --scale-resids) add parameters to each
+    layer (fairseq-train built them only after transformer_config kept the options): a softmax LM with them
+    converts with them copied; a conversion that adds or drops them names them."""
+    (tmp_path / "bin").symlink_to(corpora["lm"])
+    lm = ["--task", "language_modeling", "--arch", "fwp_lm_tiny", "--tokens-per-sample", 32,
+          "--sample-break-mode", "none", "--max-tokens", 512, "--lr", "0.002", "--warmup-updates", 5,
+          "--fwp-positions", "on"]
+    base = [str(tmp_path / "bin"), "--user-dir", PLUGIN_DIR, *map(str, COMMON_TRAIN + lm)]
+    for name, flags in (("plain", []), ("normformer", NORMFORMER)):
+        fairseq("train", *base, "--fwp-feature-map", "softmax", *flags, "--max-update", 2,
+                "--save-dir", tmp_path / name)
+    normformer = str(tmp_path / "normformer" / "checkpoint_last.pt")
+    fresh = convert(normformer, str(tmp_path / "converted.pt"), base + NORMFORMER)
+    assert not [name for name in fresh if any(part in name for part in ("attn_ln", "ffn_layernorm", "c_attn",
+                                                                         "w_resid"))]
+    softmax = torch.load(normformer, weights_only=False)["model"]
+    ours = torch.load(tmp_path / "converted.pt", weights_only=False)["model"]
+    assert torch.equal(ours["decoder.layers.1.c_attn"], softmax["decoder.layers.1.c_attn"])
+    with pytest.raises(ValueError, match=r"no place for these softmax parameters: decoder\.layers\.0\.c_attn"):
+        convert(normformer, str(tmp_path / "x.pt"), base)
+    with pytest.raises(ValueError, match=r"no value for these parameters .*: decoder\.layers\.0\.c_attn, "
+                                         r"decoder\.layers\.0\.w_resid, decoder\.layers\.0\.attn_ln\.weight"):
+        convert(str(tmp_path / "plain" / "checkpoint_last.pt"), str(tmp_path / "x.pt"), base + NORMFORMER)

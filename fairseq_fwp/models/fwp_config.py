@@ -14,6 +14,8 @@ from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models.transformer import TransformerConfig
+from omegaconf import OmegaConf
 
 from ..modules import attention_rules
 from ..modules.fast_weight_attention import UPDATE_RULES
@@ -222,6 +224,16 @@ def set_fwp_defaults(args, **overrides):
     for name, f in FastWeightConfig.__dataclass_fields__.items():
         if getattr(args, name, None) is None:
             setattr(args, name, overrides.get(name, f.default))
+
+
+def transformer_config(args):
+    """fairseq's TransformerConfig of a model's args (a Namespace or a DictConfig), with the options it has no
+    field for: fairseq's from_namespace keeps those of a Namespace only, so under fairseq-train (a
+    DictConfig) NormFormer's --scale-attn, --scale-fc, --scale-heads and --scale-resids, which its layers
+    read from there, were silently dropped."""
+    if OmegaConf.is_config(args):
+        args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
+    return TransformerConfig.from_namespace(args)
 
 
 def fast_weight_options(args):

@@ -1,12 +1,12 @@
 """Translation model `fwp_transformer`: fairseq's Transformer with fast-weight attention."""
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_vaswani_wmt_en_de_big
 
 from ..modules.backend_log import share_backend_log
 from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder, FastWeightTransformerEncoder
-from .fwp_config import add_fwp_args, fast_weight_options, set_fwp_defaults, validate
+from .fwp_config import add_fwp_args, fast_weight_options, set_fwp_defaults, transformer_config, validate
 
 
 @register_model("fwp_transformer")
@@ -32,12 +32,12 @@ class FastWeightTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
+        cfg = transformer_config(args)
         return FastWeightTransformerEncoder(cfg, fast_weight_options(args), src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
+        cfg = transformer_config(args)
         return FastWeightTransformerDecoder(
             cfg, fast_weight_options(args), tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
         )

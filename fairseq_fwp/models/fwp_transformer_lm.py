@@ -1,9 +1,9 @@
 """Language model `fwp_transformer_lm`: fairseq's Transformer LM with fast-weight attention."""
+import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import (
     TransformerLanguageModel,
     TransformerLanguageModelConfig,
@@ -13,7 +13,10 @@ from fairseq.models.transformer_lm import (
 from ..modules.backend_log import share_backend_log
 from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder
-from .fwp_config import ON_OFF, FastWeightConfig, fast_weight_options, set_fwp_defaults, tighten_arg_types, validate
+from .fwp_config import (ON_OFF, FastWeightConfig, fast_weight_options, set_fwp_defaults, tighten_arg_types,
+                         transformer_config, validate)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,13 +47,34 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
         # around them. The throw-away decoder costs one extra initialisation.
         embed_tokens = super().build_model(args, task).decoder.embed_tokens
         decoder = FastWeightTransformerDecoder(
-            TransformerConfig.from_namespace(args), fast_weight_options(args),
+            transformer_config(args), fast_weight_options(args),
             task.target_dictionary, embed_tokens, no_encoder_attn=True,
         )
         model = cls(decoder)
         share_backend_log(model)
         return model
 
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        drop_normformer_modules_not_in(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+NORMFORMER_MODULES = ("attn_ln", "ffn_layernorm", "c_attn", "w_resid")  # --scale-attn, -fc, -heads, -resids
+
+
+def drop_normformer_modules_not_in(model, state_dict):
+    """A checkpoint trained while fairseq-train built no NormFormer modules despite --scale-* (its config
+    says them, its weights lack them) loads without them, computing as it was trained."""
+    dropped = []
+    for index, layer in enumerate(model.decoder.layers):
+        for name in NORMFORMER_MODULES:
+            prefix = f"decoder.layers.{index}.{name}"
+            if getattr(layer, name, None) is not None and not any(key.startswith(prefix) for key in state_dict):
+                setattr(layer, name, None)
+                dropped.append(name)
+    if dropped:
+        logger.warning(f"the checkpoint has no NormFormer {', '.join(sorted(set(dropped)))} although its config asks "
+                       "for them (written while fairseq-train dropped --scale-*): loaded without them, as trained")
 
 # The paper's best LM (Tables 2-3): Delta Net = linear phi + delta rule, sum
 # normalisation, no attention normalisation, no positional encoding.

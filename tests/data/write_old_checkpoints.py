@@ -8,7 +8,8 @@ it computed on fixed inputs, for tests/test_old_checkpoints.py.
 Each era runs in a process of its own (both checkouts are the package fairseq_fwp). Every combination the
 flags' meanings touch is tried: --fwp-sum-norm on/off (the first era) x --fwp-qk-norm sum/l2 (none in the
 second era) x the four update rules x linear and silu features, for translation (every site) and, for a
-subset, the language model. What an era's code refused is recorded as refused, with its message.
+subset, the language model; and, in the second era, an LM given NormFormer's --scale-* options, for which
+fairseq-train then built no modules. What an era's code refused is recorded as refused, with its message.
 """
 import argparse
 import itertools
@@ -43,6 +44,8 @@ def combinations(era):
             flags += ["--fwp-attn-norm", "off"] if fm == "silu" else []  # signed features: never on
             name = "-".join([era, model, f"sumnorm{sum_norm}" if sum_norm else "", f"qk{qk}", rule, fm]).replace("--", "-")
             yield name, base, flags
+    if era == "qk-norm":  # NormFormer's options, which fairseq-train then dropped (no modules were built)
+        yield f"{era}-lm-normformer", LM, ["--scale-attn", "--scale-fc", "--scale-heads", "--scale-resids"]
 
 
 def write_era(era, checkout, folder):
