@@ -57,9 +57,6 @@ setup(
     install_requires=[
         "torch>=2.4",  # torch.get_autocast_dtype
         "numpy",
-        "sacrebleu>=2.0",
-        "sacremoses",
-        "subword-nmt",
     ],
     extras_require={
         # The `fairseq` package. Upstream 0.12.2 does not build on Python >= 3.11,
@@ -72,6 +69,8 @@ setup(
         ],
         # backend="fla": flash-linear-attention's Triton kernels, for GPUs.
         "gpu": ["fla-core>=0.6", "triton>=3.3"],
+        # examples/: the recipes (data preparation, BLEU), the synthetic benchmarks and their plots.
+        "recipes": ["sacrebleu>=2.0", "sacremoses", "subword-nmt", "fastBPE", "matplotlib"],
         "test": ["pytest"],
     },
 )

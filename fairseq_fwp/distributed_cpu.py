@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 
-from .recipes.commands import BIN_DIR
+# fairseq-train of this environment: beside this interpreter, or where FAIRSEQ_BIN says (the GPU check's).
+BIN_DIR = os.environ.get("FAIRSEQ_BIN") or os.path.dirname(sys.executable)
 
 
 def free_port():

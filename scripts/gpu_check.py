@@ -167,8 +167,8 @@ def losses(log):
 def part_training(section, args):
     """Tiny translation and LM models, `updates` updates per precision; loss finite and falling."""
     from fairseq_fwp.ops.backends import resolved_name
-    from fairseq_fwp.synthetic_data import write_corpora
-    from fairseq_fwp.recipes.pipeline import preprocess_lm, preprocess_translation, train_lm, train_translation
+    from examples.recipes.synthetic_data import write_corpora
+    from examples.recipes.pipeline import preprocess_lm, preprocess_translation, train_lm, train_translation
 
     work = tempfile.mkdtemp(prefix="gpu_check_")
     mt_raw, lm_raw = write_corpora(os.path.join(work, "raw"), n_train=2000, n_eval=100)

@@ -38,7 +38,7 @@ for tool in preprocess train generate eval_lm; do
       > "$work/bin/fairseq-${tool//_/-}"
   chmod +x "$work/bin/fairseq-${tool//_/-}"
 done
-export FAIRSEQ_BIN="$work/bin"  # where fairseq_fwp.recipes.commands looks for the console scripts
+export FAIRSEQ_BIN="$work/bin"  # where examples.recipes.commands looks for the console scripts
 export PYTHONPATH="$fairseq_src:$work/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 exec "$PYTHON" scripts/gpu_check.py --deadline "$deadline" "$@"

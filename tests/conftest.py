@@ -27,8 +27,8 @@ def corpora(tmp_path_factory):
     """The built-in synthetic corpora (600 training pairs and lines, 43 of each evaluation split), written
     and preprocessed once per session (per worker): {"mt": binarised translation, "lm": binarised LM,
     "raw_mt": raw translation text, "raw_lm": raw LM text}."""
-    from fairseq_fwp.recipes.pipeline import preprocess_lm, preprocess_translation
-    from fairseq_fwp.synthetic_data import write_corpora
+    from examples.recipes.pipeline import preprocess_lm, preprocess_translation
+    from examples.recipes.synthetic_data import write_corpora
 
     root = tmp_path_factory.mktemp("corpora")
     raw_mt, raw_lm = write_corpora(root / "raw", n_train=600, n_eval=43, seed=3)

@@ -1,11 +1,14 @@
 """Helpers of the test suite, in one place: random op inputs and the comparisons on them, and tiny fairseq
 models built in-process through fairseq's own argument parsing."""
+import os
 import types
 
 import torch
 import torch.nn.functional as F
 
-from fairseq_fwp.recipes.commands import PLUGIN_DIR
+from examples.recipes.commands import PLUGIN_DIR
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: examples run from here
 
 # -- the ops: random inputs, outputs and fresh gradients, comparisons ---------------------
 

@@ -2,7 +2,7 @@
 the decoder's real state at every step of fairseq's SequenceGenerator."""
 import pytest
 
-from fairseq_fwp.recipes.decoding_cost import build_random_model, generation_cost, numbered_dictionary
+from examples.recipes.decoding_cost import build_random_model, generation_cost, numbered_dictionary
 
 LENGTH = 40
 

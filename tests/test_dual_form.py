@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_fwp.dual_form.__main__ import main as dual_form_cli  # noqa: E402
-from fairseq_fwp.dual_form.dual import dual_weights  # noqa: E402
+from examples.dual_form.__main__ import main as dual_form_cli  # noqa: E402
+from examples.dual_form.dual import dual_weights  # noqa: E402
 from fairseq_fwp.dual_form.storage import GrowingNpy, Record  # noqa: E402
-from fairseq_fwp.recipes.pipeline import PLUGIN_DIR, fairseq  # noqa: E402
+from examples.recipes.pipeline import PLUGIN_DIR, fairseq  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPDATES = 300

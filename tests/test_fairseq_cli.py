@@ -5,8 +5,8 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
-from fairseq_fwp.recipes.pipeline import (  # noqa: E402
+from examples.recipes.synthetic_data import write_corpora  # noqa: E402
+from examples.recipes.pipeline import (  # noqa: E402
     bleu, eval_lm, generate, perplexity, preprocess_translation, train_lm, train_translation,
 )
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from fairseq_fwp.recipes.parallel import Job, JobFailed, clock, run_jobs
+from examples.recipes.parallel import Job, JobFailed, clock, run_jobs
 
 
 def sleeper(name, seconds, log, running, peak):
@@ -51,7 +51,7 @@ def test_a_quiet_stretch_prints_what_runs_and_the_time_left():
 
 
 def test_the_time_left_follows_the_rate_of_the_work_done():
-    from fairseq_fwp.recipes.parallel import _Board
+    from examples.recipes.parallel import _Board
 
     board = _Board([Job("a", None, 100), Job("b", None, 100)])
     board.progress("a")(0.5)  # 50 estimated seconds done in 100 s: half the estimated speed

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_fwp.recipes import bpe, text, translation  # noqa: E402
-from fairseq_fwp.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
+from examples.recipes import bpe, text, translation  # noqa: E402
+from examples.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
+from examples.recipes.synthetic_data import write_corpora  # noqa: E402
 
 
 def corpus_pairs(root, n_train=1500):

@@ -11,16 +11,16 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from helpers import parse_args  # noqa: E402
-from fairseq_fwp.recipes import rows, text  # noqa: E402
-from fairseq_fwp.recipes.small_real_data import split_at_article_boundary  # noqa: E402
-from fairseq_fwp.synthetic_data import lm_sentence, translation_pairs  # noqa: E402
+from helpers import ROOT, parse_args  # noqa: E402
+from examples.recipes import rows, text  # noqa: E402
+from examples.recipes.small_real_data import split_at_article_boundary  # noqa: E402
+from examples.recipes.synthetic_data import lm_sentence, translation_pairs  # noqa: E402
 
 
 def recipe(module, *args):
-    """python -m fairseq_fwp.recipes.<module> ARGS; returns stdout, fails the test with the tail."""
-    proc = subprocess.run([sys.executable, "-m", f"fairseq_fwp.recipes.{module}", *map(str, args)],
-                          capture_output=True, text=True)
+    """python -m examples.recipes.<module> ARGS; returns stdout, fails the test with the tail."""
+    proc = subprocess.run([sys.executable, "-m", f"examples.recipes.{module}", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc.stdout
 
@@ -137,8 +137,8 @@ def test_bad_rows_fail_clearly():
         rows.wikitext103_row("table3", "nopos-noattnnorm", "small")
     with pytest.raises(ValueError, match="table2 rows are transformer, linear-sum"):
         rows.wikitext103_row("table2", "dpfp", "small")
-    proc = subprocess.run([sys.executable, "-m", "fairseq_fwp.recipes.wmt14", "train", "--data", "x",
-                           "--row", "dpfp-999", "--save-dir", "y"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "examples.recipes.wmt14", "train", "--data", "x",
+                           "--row", "dpfp-999", "--save-dir", "y"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--row: invalid choice: 'dpfp-999'" in proc.stderr
 
 
@@ -149,7 +149,7 @@ def test_wikitext2_split_falls_on_an_article_boundary():
 
 
 def test_training_progress_prints_updates_and_the_time_left(capsys, monkeypatch):
-    from fairseq_fwp.recipes import commands
+    from examples.recipes import commands
 
     clock = iter([0.0, 0.0, 10.0, 50.0, 60.0, 100.0])
     monkeypatch.setattr(commands.time, "time", lambda: next(clock))
@@ -168,7 +168,7 @@ def test_training_progress_prints_updates_and_the_time_left(capsys, monkeypatch)
 
 
 def test_every_small_real_data_row_parses_and_uptrained_rows_name_a_trained_row():
-    from fairseq_fwp.recipes import small_real_data as recipe
+    from examples.recipes import small_real_data as recipe
 
     for table, arch, model in ((rows.MULTI30K, "fwp_transformer_tiny", recipe.MULTI30K_MODEL),
                                (rows.WIKITEXT2, "fwp_lm_tiny", recipe.WIKITEXT2_MODEL)):
@@ -182,7 +182,7 @@ def test_every_small_real_data_row_parses_and_uptrained_rows_name_a_trained_row(
 def test_the_small_corpora_download_from_their_source_into_the_data_folder(tmp_path):
     """The download step, from a local copy (file://) as from the public source: every file the recipe
     reads, into --data-dir, and the recipe then finds them; without them it says how to get them."""
-    from fairseq_fwp.recipes import small_real_data as recipe
+    from examples.recipes import small_real_data as recipe
 
     for corpus, (folder, _, names) in recipe.SOURCES.items():
         source = tmp_path / "mirror" / corpus
@@ -198,7 +198,7 @@ def test_the_small_corpora_download_from_their_source_into_the_data_folder(tmp_p
 
 
 def test_training_words_per_second_weights_each_epoch_by_its_time():
-    from fairseq_fwp.recipes.pipeline import train_words_per_second
+    from examples.recipes.pipeline import train_words_per_second
 
     log = "\n".join([
         "x | INFO | train | epoch 001 | loss 9 | wps 1000 | ups 1 | wpb 1000 | num_updates 100 | train_wall 100 | wall 101",
@@ -210,7 +210,7 @@ def test_training_words_per_second_weights_each_epoch_by_its_time():
 
 
 def test_results_of_runs_side_by_side_are_all_kept(tmp_path):
-    from fairseq_fwp.recipes.small_real_data import save_result
+    from examples.recipes.small_real_data import save_result
 
     path = str(tmp_path / "results.json")
     save_result(path, "softmax", {"bleu": 28.9})
@@ -221,7 +221,7 @@ def test_results_of_runs_side_by_side_are_all_kept(tmp_path):
 
 
 def test_the_convergence_measure_reads_the_best_validation_loss_before_and_within_the_window():
-    from fairseq_fwp.recipes.pipeline import improvement, validation_losses
+    from examples.recipes.pipeline import improvement, validation_losses
 
     line = "x | INFO | valid | epoch 00{e} | valid on 'valid' subset | loss {loss} | ppl 2 | num_updates {u}{best}"
     losses = [(100, 3.0), (200, 2.0), (300, 2.5), (400, 1.9), (500, 1.95)]
@@ -237,7 +237,7 @@ def prepare_synthetic(out, delay=0.0):
     """The translation recipe's preparation of a small synthetic corpus into `out` (a child process's job)."""
     import time
 
-    from fairseq_fwp.recipes import translation
+    from examples.recipes import translation
     from test_raw_text import corpus_pairs
 
     time.sleep(delay)
@@ -265,7 +265,7 @@ def test_two_preparations_of_one_folder_started_together_give_one_whole_corpus(t
 
 def test_a_corpus_bped_with_incomplete_codes_stops_the_preparation(tmp_path, monkeypatch):
     """Codes read while another run still wrote them split the text into characters: refused."""
-    from fairseq_fwp.recipes import bpe
+    from examples.recipes import bpe
 
     apply = bpe.apply
 

@@ -8,7 +8,7 @@ pytest.importorskip("fairseq")
 
 from helpers import build_lm_model, build_translation_model, random_tokens  # noqa: E402
 from fairseq_fwp import distributed_cpu  # noqa: E402
-from fairseq_fwp.recipes.pipeline import PLUGIN_DIR, fairseq  # noqa: E402
+from examples.recipes.pipeline import PLUGIN_DIR, fairseq  # noqa: E402
 
 LM_FLAGS = ["--user-dir", PLUGIN_DIR, "--task", "language_modeling", "--arch", "fwp_lm_tiny",
             "--tokens-per-sample", 32, "--sample-break-mode", "none", "--max-tokens", 256, "--optimizer", "adam",

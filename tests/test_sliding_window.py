@@ -13,7 +13,7 @@ pytest.importorskip("fairseq")
 
 from fairseq import checkpoint_utils  # noqa: E402
 from fairseq_fwp.tasks.stream_lm import TokenStream  # noqa: E402
-from fairseq_fwp.recipes.pipeline import eval_lm, train_lm  # noqa: E402
+from examples.recipes.pipeline import eval_lm, train_lm  # noqa: E402
 
 L = 12  # window (= training segment) length
 

@@ -8,9 +8,9 @@ pytest.importorskip("fairseq")
 
 from helpers import build_lm_model, random_tokens, toy_dictionary  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
+from examples.recipes.synthetic_data import write_corpora  # noqa: E402
 from fairseq_fwp.tasks.stream_lm import StreamSegments  # noqa: E402
-from fairseq_fwp.recipes.pipeline import eval_lm, preprocess_lm, train_lm  # noqa: E402
+from examples.recipes.pipeline import eval_lm, preprocess_lm, train_lm  # noqa: E402
 
 
 @pytest.mark.parametrize("n_tokens, streams, segment", [(23, 1, 5), (23, 3, 4), (24, 4, 6), (7, 7, 2)])

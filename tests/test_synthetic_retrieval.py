@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_fwp.synthetic_retrieval import data, plot, sweep, train
-from fairseq_fwp.synthetic_retrieval.logs import read_run, run_path
-from fairseq_fwp.synthetic_retrieval.models import (
+from examples.synthetic_retrieval import data, plot, sweep, train
+from examples.synthetic_retrieval.logs import read_run, run_path
+from examples.synthetic_retrieval.models import (
     DeltaMemory, FastWeightMemory2021, GatedDeltaMemory, GatedMemory, SumMemory, build_model,
 )
 from fairseq_fwp.modules.feature_maps import build_feature_map

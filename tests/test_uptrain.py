@@ -6,9 +6,9 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq_fwp.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
+from examples.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
 from fairseq_fwp.uptrain import convert, main, transfer  # noqa: E402
-from fairseq_fwp.recipes.pipeline import COMMON_TRAIN  # noqa: E402
+from examples.recipes.pipeline import COMMON_TRAIN  # noqa: E402
 
 
 def test_transfer_copies_what_is_shared_and_names_what_does_not_fit():

@@ -4,7 +4,7 @@
         [--data data/wikitext-2] [--out work_dirs/dual_form] [--max-update 3000]
 
 WikiText-2 as the small-real-data recipe fetches it (python -m
-fairseq_fwp.recipes.small_real_data wikitext2 --download ...). Split: the model trains on WikiText-2
+examples.recipes.small_real_data wikitext2 --download ...). Split: the model trains on WikiText-2
 valid.txt; test.txt is cut at an article boundary into a held-out valid
 part (its first HELD_OUT_ARTICLES articles: fairseq's validation and the
 `verify` queries) and a test part (perplexity). The explain queries are
@@ -22,8 +22,9 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)  # run as a script: the repository's examples and plugin
 
-from fairseq_fwp.recipes.pipeline import PLUGIN_DIR, eval_lm, fairseq, perplexity  # noqa: E402
+from examples.recipes.pipeline import PLUGIN_DIR, eval_lm, fairseq, perplexity  # noqa: E402
 
 HELD_OUT_ARTICLES = 32  # of the 64 articles of test.txt
 TITLE = re.compile(r"^ = [^=].* = $")
@@ -57,7 +58,7 @@ def query_position(test_txt, line, phrase):
 
 
 def dual_form(*args):
-    proc = subprocess.run([sys.executable, "-m", "fairseq_fwp.dual_form", *map(str, args)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "examples.dual_form", *map(str, args)], cwd=REPO,
                           capture_output=True, text=True)
     if proc.returncode not in (0, 1):  # 1: verify above its threshold, still a result to report
         raise RuntimeError(f"dual_form {args[0]} failed:\n{proc.stderr[-3000:]}")

@@ -2,7 +2,7 @@
 
 Three parts, run side by side (two jobs at a time, one thread each):
 
-- capacity: the associative-retrieval task of the paper's Sec. 6.1 (fairseq_fwp/synthetic_retrieval)
+- capacity: the associative-retrieval task of the paper's Sec. 6.1 (examples/synthetic_retrieval)
   at S = 8, 16 and 32 keys, key size 16: the sum rule against the delta rule with linear
   (D = 16) and DPFP-1 (D = 32) features, and softmax attention as the reference. Setting 1
   writes every key once; setting 2 writes 2S pairs, keys reassigned, and asks for the latest
@@ -12,7 +12,7 @@ Three parts, run side by side (two jobs at a time, one thread each):
   (examples/speed/decoding_cost.py). Plot: cost.png.
 - pipeline: the built-in synthetic translation and language-modelling corpora through
   fairseq-preprocess, fairseq-train, fairseq-generate (beam 4, sacreBLEU) and fairseq-eval-lm
-  (sliding window), with the paper's rows (fairseq_fwp/recipes/rows.py). Each row says whether
+  (sliding window), with the paper's rows (examples/recipes/rows.py). Each row says whether
   it converged: whether its best validation loss still fell by 1% or more over its last 200
   updates.
 
@@ -27,15 +27,16 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
 os.environ["OMP_NUM_THREADS"] = "1"  # every job is one process of one thread
 
-from fairseq_fwp.recipes import rows  # noqa: E402
-from fairseq_fwp.recipes.parallel import Job, JobFailed, clock, run_jobs  # noqa: E402
-from fairseq_fwp.recipes.pipeline import (  # noqa: E402
+from examples.recipes import rows  # noqa: E402
+from examples.recipes.parallel import Job, JobFailed, clock, run_jobs  # noqa: E402
+from examples.recipes.pipeline import (  # noqa: E402
     bleu, eval_lm, generate, improvement, perplexity, preprocess_lm, preprocess_translation, train_lm,
     train_translation, train_words_per_second)
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
+from examples.recipes.synthetic_data import write_corpora  # noqa: E402
 
 EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAPACITY_MODELS = ("softmax", "sum-linear", "delta-linear", "sum-dpfp1", "delta-dpfp1")
@@ -73,7 +74,7 @@ def capacity_job(setting, args):
     total = len(CAPACITY_MODELS) * len(CAPACITY_SIZES)
 
     def run(progress):
-        argv = [sys.executable, "-m", "fairseq_fwp.synthetic_retrieval.sweep", "--setting", str(setting),
+        argv = [sys.executable, "-m", "examples.synthetic_retrieval.sweep", "--setting", str(setting),
                 "--models", ",".join(CAPACITY_MODELS), "--sizes", ",".join(map(str, CAPACITY_SIZES)),
                 "--d-key", str(CAPACITY_D_KEY), "--max-steps", str(args.capacity_steps), "--patience", "5",
                 "--out", logs]
@@ -182,7 +183,7 @@ def slug(name):
 def run_logged(argv, log, watch):
     """Run a command, its output into `log`, every line to `watch`; raises with the log's tail on failure."""
     with open(log, "w") as sink:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         for line in proc.stdout:
             sink.write(line)
             watch(line)
@@ -194,7 +195,7 @@ def run_logged(argv, log, watch):
 # ---------------------------------------------------------------------------------------- results
 
 def capacity_label(model):
-    from fairseq_fwp.synthetic_retrieval.names import parse_model_name, phi_label
+    from examples.synthetic_retrieval.names import parse_model_name, phi_label
 
     rule, phi = parse_model_name(model)
     return "softmax" if phi is None else f"{phi_label(phi)} {rule} (D = {FEATURE_SIZES[phi]})"
@@ -220,8 +221,8 @@ def capacity_results(args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fairseq_fwp.synthetic_retrieval.logs import largest_solved, read_runs
-    from fairseq_fwp.synthetic_retrieval.plot import draw_capacity
+    from examples.synthetic_retrieval.logs import largest_solved, read_runs
+    from examples.synthetic_retrieval.plot import draw_capacity
 
     runs = read_runs(os.path.join(args.out, "capacity"))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -316,7 +317,7 @@ def main(argv=None):
           "Next: train a fast-weight model on your own data (README, \"Train a fast-weight model on your data\"), "
           "or the paper's "
           "feature maps on real data:\n"
-          "  .venv/bin/python -m fairseq_fwp.recipes.small_real_data multi30k --download --out runs/multi30k "
+          "  .venv/bin/python -m examples.recipes.small_real_data multi30k --download --out runs/multi30k "
           "--rows softmax linear dpfp-256")
 
 

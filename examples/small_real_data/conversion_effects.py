@@ -2,7 +2,7 @@
 
     .venv/bin/python examples/small_real_data/conversion_effects.py --out runs/multi30k
 
-Needs the Multi30k softmax row of that --out (python -m fairseq_fwp.recipes.small_real_data multi30k
+Needs the Multi30k softmax row of that --out (python -m examples.recipes.small_real_data multi30k
 --out runs/multi30k --rows softmax). Converts its best checkpoint (fairseq_fwp/uptrain.py) into the
 DPFP-256 delta-rule model, and into the same model plus one added module each (a decay gate, an
 output gate, a short convolution of width 4) and all three, with the added modules started as ungated
@@ -20,9 +20,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from fairseq_fwp import uptrain  # noqa: E402
-from fairseq_fwp.recipes import translation  # noqa: E402
-from fairseq_fwp.recipes.commands import PLUGIN_DIR  # noqa: E402
-from fairseq_fwp.recipes.small_real_data import (MULTI30K_GENERATE, MULTI30K_MODEL,  # noqa: E402
+from examples.recipes import translation  # noqa: E402
+from examples.recipes.commands import PLUGIN_DIR  # noqa: E402
+from examples.recipes.small_real_data import (MULTI30K_GENERATE, MULTI30K_MODEL,  # noqa: E402
                                                  MULTI30K_TRAINING)
 
 BASE = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2", "--fwp-update-rule", "delta"]

@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 
 from fairseq import search  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
-from fairseq_fwp.recipes.decoding_cost import build_random_model, numbered_dictionary  # noqa: E402
+from examples.recipes.decoding_cost import build_random_model, numbered_dictionary  # noqa: E402
 
 MODELS = {  # name: (flags, feature size D)
     "softmax": (["--fwp-feature-map", "softmax"], "-"),

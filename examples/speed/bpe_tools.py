@@ -2,7 +2,7 @@
 
     .venv/bin/python examples/speed/bpe_tools.py --files TOK.en TOK.de [--merges 32000] [--workers 1]
 
-Times both steps of both tools (fairseq_fwp/recipes/bpe.py, what the WMT14
+Times both steps of both tools (examples/recipes/bpe.py, what the WMT14
 recipe's --bpe-tool runs) and prints them with the ratio.
 """
 import argparse
@@ -14,7 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fairseq_fwp.recipes import bpe, text  # noqa: E402
+from examples.recipes import bpe, text  # noqa: E402
 
 
 def main(argv=None):

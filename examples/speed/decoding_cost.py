@@ -1,7 +1,7 @@
 """Per-token cost of generation: softmax vs fast-weight decoders, through fairseq's SequenceGenerator.
 
 Builds fwp_lm_tiny-shaped language models with random weights, generates
---length tokens greedily from a 4-token prompt (fairseq_fwp/recipes/decoding_cost.py),
+--length tokens greedily from a 4-token prompt (examples/recipes/decoding_cost.py),
 and reports the decoder's time per token around a few positions (median of
 the 32 steps from there) and the size of its state there. A softmax
 decoder's key/value cache grows with the position, and its time with it; a
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fairseq_fwp.recipes.decoding_cost import build_random_model, generation_cost, numbered_dictionary  # noqa: E402
+from examples.recipes.decoding_cost import build_random_model, generation_cost, numbered_dictionary  # noqa: E402
 
 MODELS = {
     "softmax": ["--fwp-feature-map", "softmax", "--fwp-positions", "on"],

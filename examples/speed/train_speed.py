@@ -14,8 +14,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from fairseq_fwp.synthetic_data import write_corpora  # noqa: E402
-from fairseq_fwp.recipes.pipeline import preprocess_lm, train_lm, train_words_per_second  # noqa: E402
+from examples.recipes.synthetic_data import write_corpora  # noqa: E402
+from examples.recipes.pipeline import preprocess_lm, train_lm, train_words_per_second  # noqa: E402
 
 MODELS = {
     "softmax": ["--fwp-feature-map", "softmax", "--fwp-positions", "on"],

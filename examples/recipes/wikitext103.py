@@ -1,10 +1,10 @@
 """WikiText-103 language modelling, the paper's Tables 2-5.
 
-    python -m fairseq_fwp.recipes.wikitext103 prepare --download --out data/wikitext-103
-    python -m fairseq_fwp.recipes.wikitext103 prepare --raw-dir DIR --out data/wikitext-103  # wiki.*.tokens or the zip
-    python -m fairseq_fwp.recipes.wikitext103 train --data data/wikitext-103 --table table2 --row delta \\
+    python -m examples.recipes.wikitext103 prepare --download --out data/wikitext-103
+    python -m examples.recipes.wikitext103 prepare --raw-dir DIR --out data/wikitext-103  # wiki.*.tokens or the zip
+    python -m examples.recipes.wikitext103 train --data data/wikitext-103 --table table2 --row delta \\
         --size small --save-dir ckpt/t2-delta-small [--gpus 2]
-    python -m fairseq_fwp.recipes.wikitext103 evaluate --data data/wikitext-103 --table table2 --row delta \\
+    python -m examples.recipes.wikitext103 evaluate --data data/wikitext-103 --table table2 --row delta \\
         --size small --checkpoint ckpt/t2-delta-small/checkpoint_best.pt
 
 Training follows the paper (Sec. 6.3, Appendix F): small = 16 layers, D 128,
@@ -74,7 +74,7 @@ def train_row(data, table, row, size, save_dir, gpus=1, extra=()):
 def add_row_arguments(parser):
     parser.add_argument("--data", required=True, help="the prepare step's --out")
     parser.add_argument("--table", required=True, choices=rows.LM_TABLES)
-    parser.add_argument("--row", required=True, help="a row of --table (see fairseq_fwp/recipes/rows.py)")
+    parser.add_argument("--row", required=True, help="a row of --table (see examples/recipes/rows.py)")
     parser.add_argument("--size", required=True, choices=SIZES)
 
 

@@ -9,7 +9,8 @@ import time
 # Where the fairseq-* console scripts are: beside this interpreter, or where FAIRSEQ_BIN says (the GPU
 # check, whose fairseq runs from a source tree, writes its own: scripts/gpu_check.sh).
 BIN_DIR = os.environ.get("FAIRSEQ_BIN") or os.path.dirname(sys.executable)
-PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The plugin's folder, what --user-dir names: this checkout's (the recipes run from the repository root).
+PLUGIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fairseq_fwp")
 
 
 def _command_line(command, as_module=False):

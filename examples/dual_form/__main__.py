@@ -1,7 +1,7 @@
 """Command line of the dual-form analysis.
 
-    python -m fairseq_fwp.dual_form verify --dir DIR --checkpoint CKPT [--layer L ...] [--subset valid]
-    python -m fairseq_fwp.dual_form explain --dir DIR --checkpoint CKPT --layer L \\
+    python -m examples.dual_form verify --dir DIR --checkpoint CKPT [--layer L ...] [--subset valid]
+    python -m examples.dual_form explain --dir DIR --checkpoint CKPT --layer L \\
         (--query "TEXT" | --query-file FILE --line N) [--position P] [--top-k 3] [--out OUT]
 
 DIR is the --dual-form-dir of a `fairseq-train --task dual_form_language_modeling` run.
@@ -12,7 +12,7 @@ import logging
 import sys
 
 from .corpus import WIKITEXT_TITLE
-from .storage import Record
+from fairseq_fwp.dual_form.storage import Record
 
 
 def _common(parser):
@@ -22,7 +22,7 @@ def _common(parser):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m fairseq_fwp.dual_form", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m examples.dual_form", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 

@@ -15,7 +15,7 @@ from typing import List
 
 import torch
 
-from ..modules.state import buffer_tensors
+from fairseq_fwp.modules.state import buffer_tensors
 from .commands import PLUGIN_DIR
 
 

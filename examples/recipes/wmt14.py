@@ -1,9 +1,9 @@
 """WMT14 English-German, the paper's Table 1.
 
-    python -m fairseq_fwp.recipes.wmt14 prepare --download --out data/wmt14_en_de
-    python -m fairseq_fwp.recipes.wmt14 prepare --raw-dir DIR --out data/wmt14_en_de   # files or archives already here
-    python -m fairseq_fwp.recipes.wmt14 train --data data/wmt14_en_de --row dpfp-256 --save-dir ckpt/dpfp-256 [--gpus 3]
-    python -m fairseq_fwp.recipes.wmt14 evaluate --data data/wmt14_en_de --checkpoint ckpt/dpfp-256/checkpoint_best.pt
+    python -m examples.recipes.wmt14 prepare --download --out data/wmt14_en_de
+    python -m examples.recipes.wmt14 prepare --raw-dir DIR --out data/wmt14_en_de   # files or archives already here
+    python -m examples.recipes.wmt14 train --data data/wmt14_en_de --row dpfp-256 --save-dir ckpt/dpfp-256 [--gpus 3]
+    python -m examples.recipes.wmt14 evaluate --data data/wmt14_en_de --checkpoint ckpt/dpfp-256/checkpoint_best.pt
 
 Data: Europarl v7, Common Crawl and News Commentary v9 for training,
 newstest2013 for validation, newstest2014 (full, 3003 sentences) for test.

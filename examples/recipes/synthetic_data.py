@@ -8,7 +8,7 @@
   object, with number agreement and a long-range closing word), so a model
   must learn agreement across positions.
 
-    python -m fairseq_fwp.synthetic_data OUT_DIR [--train N] [--seed S]
+    python -m examples.recipes.synthetic_data OUT_DIR [--train N] [--seed S]
 
 writes OUT_DIR/translation/{train,valid,test}.{src,tgt} and
 OUT_DIR/lm/{train,valid,test}.txt, one sentence per line, space-tokenised.

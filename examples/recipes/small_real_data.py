@@ -1,7 +1,7 @@
 """Small real-data comparisons that run on a CPU: Multi30k En-De and WikiText-2.
 
-    python -m fairseq_fwp.recipes.small_real_data multi30k --download --out runs/multi30k [--rows ...]
-    python -m fairseq_fwp.recipes.small_real_data wikitext2 --download --out runs/wikitext2 [--rows ...]
+    python -m examples.recipes.small_real_data multi30k --download --out runs/multi30k [--rows ...]
+    python -m examples.recipes.small_real_data wikitext2 --download --out runs/wikitext2 [--rows ...]
 
 The corpora are read from --data-dir (default: data/ in the repository,
 which git ignores): multi30k/ and wikitext-2/; --download first fetches
@@ -33,7 +33,7 @@ import re
 import time
 import urllib.request
 
-from .. import uptrain
+from fairseq_fwp import uptrain
 from . import language_model, prepared, rows, text, translation
 from .pipeline import train_words_per_second
 from .commands import PLUGIN_DIR

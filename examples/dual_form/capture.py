@@ -4,7 +4,7 @@ import os
 import numpy as np
 import torch
 
-from .recorder import TIME_FIRST
+from fairseq_fwp.dual_form.recorder import TIME_FIRST
 
 
 def load_checkpoint(path, data=None):

@@ -1,7 +1,7 @@
 """The sweep command: train every (model, S) of one setting and log each run as CSV.
 
-    python -m fairseq_fwp.synthetic_retrieval.sweep --setting 1 --out runs/synthetic_retrieval
-    python -m fairseq_fwp.synthetic_retrieval.sweep --setting 2 --out runs/synthetic_retrieval
+    python -m examples.synthetic_retrieval.sweep --setting 1 --out runs/synthetic_retrieval
+    python -m examples.synthetic_retrieval.sweep --setting 2 --out runs/synthetic_retrieval
 
 Defaults are the paper's: setting 1 runs the Figure 2 models for S = 20..600
 step 20; setting 2 the Figure 3/5 models (plus the gated rule) for

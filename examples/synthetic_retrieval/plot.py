@@ -1,6 +1,6 @@
 """Figures in the style of the paper's Figures 2, 3 and 5, and a results table, from the sweep's CSVs.
 
-    python -m fairseq_fwp.synthetic_retrieval.plot --logs runs/synthetic_retrieval --out runs/synthetic_retrieval/figures
+    python -m examples.synthetic_retrieval.plot --logs runs/synthetic_retrieval --out runs/synthetic_retrieval/figures
 
 Writes, for whatever finished runs the log directory holds:
 - ``figure2_capacity.png``: setting 1, best evaluation loss against S for

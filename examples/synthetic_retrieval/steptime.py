@@ -1,6 +1,6 @@
 """Time training steps (forward, backward, Adam) per model and S, to plan a sweep.
 
-    python -m fairseq_fwp.synthetic_retrieval.steptime --setting 1 --models sum-dpfp3,sum-linear --sizes 100,600
+    python -m examples.synthetic_retrieval.steptime --setting 1 --models sum-dpfp3,sum-linear --sizes 100,600
 
 Prints milliseconds per step (median of ``--repeats`` timings of ``--steps``
 steps, after one warm-up step) with the machine and versions. Multiply by the
