@@ -77,14 +77,23 @@ def relative_errors(got, want):
 
 
 def recurrence(rule):
-    """The step-by-step reference loops called directly, with the decay as the paper's multiplier a_t
-    (no log anywhere): the ground truth for decays of exactly zero. A callable for run_op."""
-    from fairseq_fwp.ops import reference
-
+    """The paper's recurrences written out here, token by token, with the decay as a plain multiplier a_t
+    (no log anywhere): the ground truth the reference backend is held to, and for decays of exactly zero.
+    A callable for run_op. Sum rule (Eq. 17, Eq. 11): W_t = a_t W_{t-1} + v_t k_t^T; delta rule (Eqs. 20, 24,
+    25): vbar_t = a_t W_{t-1} k_t, W_t = a_t W_{t-1} + beta_t (v_t - vbar_t) k_t^T; out_t = W_t q_t."""
     def run(q, k, v, beta, W0, decay=None):
-        if rule == "sum":
-            return reference.fast_weight_sum_reference(q, k, v, W0, decay=decay)
-        return reference.fast_weight_delta_reference(q, k, v, beta, W0, decay=decay)
+        B, H, T, D = q.shape
+        W = q.new_zeros(B, H, v.shape[-1], D) if W0 is None else W0
+        outs = []
+        for t in range(T):
+            if decay is not None:
+                W = W * decay[:, :, t, None, None]
+            write = v[:, :, t]
+            if rule == "delta":
+                write = beta[:, :, t, None] * (write - (W @ k[:, :, t, :, None])[..., 0])
+            W = W + write[..., None] * k[:, :, t, None, :]
+            outs.append((W @ q[:, :, t, :, None])[..., 0])
+        return torch.stack(outs, 2), W
 
     return run
 

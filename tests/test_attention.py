@@ -6,6 +6,7 @@ import torch.nn.functional as F
 pytest.importorskip("fairseq")
 
 from helpers import build_translation_model, random_tokens  # noqa: E402
+from fairseq_fwp.modules.attention_options import AttentionOptions  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
 from fairseq_fwp.modules.state import buffer_tensors  # noqa: E402
 
@@ -53,11 +54,14 @@ def test_step_by_step_decoding_equals_full_forward(fm, rule, attn_norm):
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 def test_the_backend_flag_governs_decoding_too(rule, monkeypatch):
     """--fwp-backend reference: every decoding step is the reference backend's, and decodes what chunked does."""
-    from fairseq_fwp.ops import reference
+    import dataclasses
+
+    from fairseq_fwp.ops import backends
 
     steps = []
-    step_ = reference.step_
-    monkeypatch.setattr(reference, "step_", lambda *args: steps.append(1) or step_(*args))
+    kernel = backends.REFERENCE_KERNEL
+    monkeypatch.setattr(backends, "REFERENCE_KERNEL", dataclasses.replace(
+        kernel, step_=lambda *args: steps.append(1) or kernel.step_(*args)))
     chunked = full_and_stepwise_decoder_outputs(*build_translation_model(*flags("dpfp", rule, "on")))[1]
     assert not steps
     full, by_reference = full_and_stepwise_decoder_outputs(
@@ -73,7 +77,8 @@ def test_auto_logs_each_choice_once_per_model_with_its_reason(caplog):
         for _ in range(2):
             full_and_stepwise_decoder_outputs(model, d)
     lines = [r.getMessage() for r in caplog.records if r.name == "fairseq_fwp.backend"]
-    assert lines == ["--fwp-backend auto runs chunked (auto on cpu torch.float32, D = 16; not fla: cpu tensors)"]
+    assert lines == ["--fwp-backend auto runs chunked (auto on cpu torch.float32, D = 16, rule delta; not fla: "
+                     "cpu tensors)"]
 
 
 @GPU
@@ -189,7 +194,7 @@ def test_every_attention_site_is_replaced_and_softmax_is_the_baseline():
     model, _ = build_translation_model(*flags("dpfp", "delta", "on"))
     attns = [m for m in model.modules() if isinstance(m, FastWeightAttention)]
     assert len(attns) == 2 + 2 * 2  # encoder self, decoder self and cross
-    assert sum(a.update_rule == "delta" for a in attns) == 2  # decoder self-attention only
+    assert sum(a.options.update_rule == "delta" for a in attns) == 2  # decoder self-attention only
     baseline, _ = build_translation_model("--fwp-feature-map", "softmax")
     assert not any(isinstance(m, FastWeightAttention) for m in baseline.modules())
     self_only, _ = build_translation_model("--fwp-sites", "decoder-self")
@@ -218,16 +223,16 @@ def test_performer_redraws_once_per_training_forward_of_the_model_and_is_fixed_i
 
 
 def test_attention_returns_no_weights_and_checks_arguments():
-    attn = FastWeightAttention(16, 4, update_rule="delta")
+    attn = FastWeightAttention(AttentionOptions(16, 4, update_rule="delta"))
     x = torch.randn(3, 2, 16)
     out, weights = attn(x, x, x, need_weights=True)
     assert out.shape == x.shape and weights is None
     with pytest.raises(ValueError, match="divisible"):
-        FastWeightAttention(10, 4)
+        FastWeightAttention(AttentionOptions(10, 4))
     with pytest.raises(ValueError, match="update_rule"):
-        FastWeightAttention(16, 4, update_rule="oja")
+        FastWeightAttention(AttentionOptions(16, 4, update_rule="oja"))
     with pytest.raises(ValueError, match="causal"):
-        FastWeightAttention(16, 4, update_rule="delta", causal=False)
+        FastWeightAttention(AttentionOptions(16, 4, update_rule="delta", causal=False))
 
 
 @pytest.mark.parametrize("fm, rule, attn_norm", VARIANTS)
@@ -235,8 +240,8 @@ def test_autocast_runs_every_variant_in_its_dtype(fm, rule, attn_norm):
     """Under autocast the features can be float32 (sum normalisation reduces in float32)
     while the values are bfloat16: the layer runs, in the autocast dtype, close to float32."""
     torch.manual_seed(0)
-    attn = FastWeightAttention(32, 4, feature_map=fm, update_rule=rule,
-                               attention_normalization=attn_norm == "on").eval()
+    attn = FastWeightAttention(AttentionOptions(32, 4, feature_map=fm, update_rule=rule,
+                               attention_normalization=attn_norm == "on")).eval()
     x = torch.randn(9, 2, 32, requires_grad=True)
     want, _ = attn(x, x, x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -265,8 +270,8 @@ def paper_attention_normalised_delta(phi_q, phi_k, v, beta):
 @pytest.mark.parametrize("fm", ["linear", "performer"])  # positive features: no 0/0 in the formula
 def test_delta_rule_attention_normalisation_is_the_papers_formula(fm):
     torch.manual_seed(0)
-    attn = FastWeightAttention(12, 3, feature_map=fm, update_rule="delta", attention_normalization=True,
-                               eps=0.0).double()
+    attn = FastWeightAttention(AttentionOptions(12, 3, feature_map=fm, update_rule="delta", attention_normalization=True,
+                               eps=0.0)).double()
     attn.out_proj.weight.data.copy_(torch.eye(12))  # read the attention output itself
     attn.out_proj.bias.data.zero_()
     x = torch.randn(10, 2, 12, dtype=torch.float64)  # T x B x C
@@ -285,7 +290,7 @@ def attention_normalisation_by_site(model):
     """{decoder self-attention?: set of attention_normalization values} of a model's fast-weight layers."""
     found = {}
     for layer in (m for m in model.modules() if isinstance(m, FastWeightAttention)):
-        found.setdefault(layer.causal, set()).add(layer.attention_normalization)
+        found.setdefault(layer.causal, set()).add(layer.options.attention_normalization)
     return found
 
 
@@ -363,7 +368,7 @@ def test_under_autocast_decoding_equals_the_full_forward_within_bfloat16s_roundi
     if rule.startswith("gated") and attn_norm:
         pytest.skip("the gated rules take no attention normalisation")
     torch.manual_seed(0)
-    attn = FastWeightAttention(32, 4, feature_map=fm, update_rule=rule, attention_normalization=attn_norm).eval()
+    attn = FastWeightAttention(AttentionOptions(32, 4, feature_map=fm, update_rule=rule, attention_normalization=attn_norm)).eval()
     x = torch.randn(20, 2, 32)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         full, _ = attn(x, x, x)

@@ -5,6 +5,7 @@ import torch
 pytest.importorskip("fairseq")
 
 from helpers import build_translation_model, parse_args, random_tokens  # noqa: E402
+from fairseq_fwp.modules.attention_options import AttentionOptions  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
 from fairseq_fwp.ops import fast_weight_delta, fast_weight_sum  # noqa: E402
 
@@ -24,7 +25,7 @@ def test_more_bad_flag_values_fail_at_parse_time(capsys, task, arch, flag, value
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 @pytest.mark.parametrize("attn_norm", [True, False])
 def test_all_padding_and_zero_length_inputs_are_well_defined(rule, attn_norm):
-    attn = FastWeightAttention(16, 2, update_rule=rule, attention_normalization=attn_norm).eval()
+    attn = FastWeightAttention(AttentionOptions(16, 2, update_rule=rule, attention_normalization=attn_norm)).eval()
     x = torch.randn(5, 3, 16)
     padding = torch.zeros(3, 5, dtype=torch.bool)
     padding[1] = True  # row 1 is all padding
@@ -32,7 +33,7 @@ def test_all_padding_and_zero_length_inputs_are_well_defined(rule, attn_norm):
     assert torch.isfinite(out).all()
     empty, _ = attn(x[:0], x[:0], x[:0])
     assert empty.shape == (0, 3, 16)
-    cross = FastWeightAttention(16, 2, causal=False, attention_normalization=attn_norm).eval()
+    cross = FastWeightAttention(AttentionOptions(16, 2, causal=False, attention_normalization=attn_norm)).eval()
     out, _ = cross(x, x, x, key_padding_mask=padding)  # a source of nothing but padding
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[:, 1], cross.out_proj.bias.expand(5, 16))  # it read an empty memory

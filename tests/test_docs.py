@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from fairseq_fwp.modules.attention_rules import RULES
+from fairseq_fwp.modules.attention_options import RULES
 from helpers import parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

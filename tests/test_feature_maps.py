@@ -92,13 +92,17 @@ def test_performer_redraws_on_its_schedule(interval, draws_at):
 
 
 def test_performer_input_scaling_estimates_the_softmax_kernel():
-    """With x scaled by d^-1/4, phi(q) . phi(k) estimates exp(q . k / sqrt(d))."""
+    """With x scaled by d^-1/4, phi(q) . phi(k) estimates exp(q . k / sqrt(d)): the median relative error
+    over 10 pairs (seeded; a single pair's error is a random variable that reaches 0.2)."""
     d, m = 16, 4096
-    q, k = torch.randn(d) * 0.7, torch.randn(d) * 0.7
+    g = torch.Generator().manual_seed(0)
     fm = build_feature_map("performer", d, num_features=m, seed=2, input_scaling=True)
     exps = lambda x: fm(x) * math.sqrt(2 * m) - 1e-4  # noqa: E731  the exponentials, without the stabiliser
-    estimate = (exps(q) * exps(k)).mean()
-    assert abs(estimate.item() / math.exp(q @ k / math.sqrt(d)) - 1) < 0.05
+    errors = []
+    for _ in range(10):
+        q, k = torch.randn(d, generator=g) * 0.7, torch.randn(d, generator=g) * 0.7
+        errors.append(abs((exps(q) * exps(k)).mean().item() / math.exp(q @ k / math.sqrt(d)) - 1))
+    assert sorted(errors)[5] < 0.05, errors
 
 
 def test_performer_checkpoints_without_a_step_count_still_load():
@@ -140,7 +144,7 @@ def test_performer_rejects_bad_num_features():
 def test_unknown_feature_map_lists_choices():
     with pytest.raises(ValueError, match="linear, performer, dpfp, silu"):
         build_feature_map("relu", 8)
-    assert FEATURE_MAPS == ("linear", "performer", "dpfp", "silu")
+    assert tuple(FEATURE_MAPS) == ("linear", "performer", "dpfp", "silu")
 
 
 def test_silu_and_l2_normalisation():

@@ -14,7 +14,7 @@ MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm
     "flag, value, message",
     [
         ("--fwp-feature-map", "relu", "invalid choice: 'relu' (choose from 'softmax', 'linear', 'performer', 'dpfp', 'silu')"),
-        ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'delta', 'gated-sum', 'gated-delta')"),
+        ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'gated-sum', 'delta', 'gated-delta')"),
         ("--fwp-decay-form", "exp", "invalid choice: 'exp' (choose from 'mamba2', 'logsigmoid')"),
         ("--fwp-qk-norm", "l1", "invalid choice: 'l1' (choose from 'sum', 'l2', 'none')"),
         ("--fwp-decoder-qk-norm", "l1", "invalid choice: 'l1' (choose from 'auto', 'sum', 'l2', 'none')"),
@@ -80,7 +80,8 @@ def test_fairseq_checkpoints_load_under_weights_only_default(tmp_path):
 def qk_norms(model):
     from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
 
-    return {(m.causal, m.update_rule): m.qk_norm for m in model.modules() if isinstance(m, FastWeightAttention)}
+    return {(m.causal, m.options.update_rule): m.options.qk_norm for m in model.modules()
+            if isinstance(m, FastWeightAttention)}
 
 
 def test_the_old_sum_norm_flag_still_works_with_a_warning_naming_the_new_one(caplog):
@@ -120,8 +121,8 @@ def test_the_decoder_self_attention_has_its_own_qk_norm():
     model, _ = build_translation_model("--fwp-feature-map", "silu", "--fwp-qk-norm", "none",
                                        "--fwp-update-rule", "delta", "--fwp-attn-norm", "off")
     assert qk_norms(model) == {(False, "sum"): "none", (True, "delta"): "l2"}  # auto: l2 for signed features
-    with pytest.raises(ValueError, match="--fwp-update-rule delta with --fwp-decoder-qk-norm none: the delta rules "
-                                         "need normalised keys"):
+    with pytest.raises(ValueError, match="--fwp-update-rule delta with --fwp-decoder-qk-norm none: this rule needs "
+                                         "normalised keys"):
         parse_args("language_modeling", "fwp_lm_tiny", "--fwp-decoder-qk-norm", "none")
 
 

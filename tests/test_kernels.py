@@ -115,7 +115,7 @@ def test_cuda_backend_refuses_cpu_tensors_with_a_clear_message():
     from fairseq_fwp.ops import BackendUnavailableError
 
     q, k, v, beta, _ = make_inputs(1, 1, 3, 2, 2)
-    with pytest.raises(BackendUnavailableError, match="CUDA tensors.*chunked"):
+    with pytest.raises(BackendUnavailableError, match="CUDA tensors.*auto"):
         fast_weight_sum(q, k, v, backend="cuda")
 
 

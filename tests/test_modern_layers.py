@@ -11,6 +11,7 @@ pytest.importorskip("fairseq")
 
 from fairseq.modules import MultiheadAttention  # noqa: E402
 from helpers import build_lm_model, build_translation_model, random_tokens  # noqa: E402
+from fairseq_fwp.modules.attention_options import AttentionOptions  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
 from fairseq_fwp.modules.gates import DecayGate, OutputGate  # noqa: E402
 from fairseq_fwp.modules.short_convolution import ShortConvolution  # noqa: E402
@@ -66,14 +67,14 @@ def test_output_gate_is_rms_norm_times_silu_gate():
 
 
 def test_the_layer_refuses_what_does_not_fit():
-    with pytest.raises(ValueError, match="silu features are signed"):
-        FastWeightAttention(16, 2, feature_map="silu", qk_norm="sum")
+    with pytest.raises(ValueError, match="silu.* these features are signed"):
+        FastWeightAttention(AttentionOptions(16, 2, feature_map="silu", qk_norm="sum"))
     with pytest.raises(ValueError, match="gated rules"):
-        FastWeightAttention(16, 2, update_rule="gated-delta", attention_normalization=True)
+        FastWeightAttention(AttentionOptions(16, 2, update_rule="gated-delta", attention_normalization=True))
     with pytest.raises(ValueError, match="causal"):
-        FastWeightAttention(16, 2, causal=False, short_conv=4)
+        FastWeightAttention(AttentionOptions(16, 2, causal=False, short_conv=4))
     with pytest.raises(ValueError, match="normalised keys"):
-        FastWeightAttention(16, 2, update_rule="gated-delta", qk_norm="none")
+        FastWeightAttention(AttentionOptions(16, 2, update_rule="gated-delta", qk_norm="none"))
 
 
 def test_hybrid_stacks_keep_the_chosen_layers_softmax():
@@ -152,7 +153,7 @@ def test_gated_deltanet_layer_trains():
 @pytest.mark.parametrize("rule", ["gated-sum", "gated-delta"])
 def test_padded_positions_neither_write_nor_decay_a_carried_memory(rule):
     torch.manual_seed(0)
-    attn = FastWeightAttention(16, 2, update_rule=rule).eval()
+    attn = FastWeightAttention(AttentionOptions(16, 2, update_rule=rule)).eval()
     attn.enable_carry_over()
     first, second = torch.randn(5, 2, 16), torch.randn(4, 2, 16)
     pads = torch.zeros(2, 7, dtype=torch.bool)
@@ -201,8 +202,8 @@ def test_started_as_ungated_the_gate_and_convolution_change_almost_nothing(form)
     """What uptraining relies on: a layer with a decay gate and short convolutions, started as ungated,
     computes what the same layer without them computes (the decay costs 1e-4 per step)."""
     torch.manual_seed(0)
-    plain = FastWeightAttention(32, 2, update_rule="delta").eval()
-    gated = FastWeightAttention(32, 2, update_rule="gated-delta", decay_form=form, short_conv=4).eval()
+    plain = FastWeightAttention(AttentionOptions(32, 2, update_rule="delta")).eval()
+    gated = FastWeightAttention(AttentionOptions(32, 2, update_rule="gated-delta", decay_form=form, short_conv=4)).eval()
     gated.load_state_dict(plain.state_dict(), strict=False)
     x = torch.randn(40, 3, 32)
     with torch.no_grad():

@@ -6,7 +6,7 @@ import torch
 
 from fairseq_fwp.ops import BACKENDS, BackendUnavailableError, fast_weight_delta, fast_weight_sum
 from fairseq_fwp.ops.chunked import DEFAULT_CHUNK_SIZE
-from helpers import assert_all_close, make_decay, make_inputs, outputs_and_grads, run_op
+from helpers import assert_all_close, make_decay, make_inputs, outputs_and_grads, recurrence, run_op
 
 FAST_BACKENDS = ["chunked"]
 RULES = ["sum", "delta"]
@@ -192,7 +192,7 @@ def test_unknown_backend_lists_choices():
 
 def test_cuda_backend_unavailable_says_what_to_do():
     q, k, v, beta, _ = make_inputs(1, 1, 3, 2, 2)
-    with pytest.raises(BackendUnavailableError, match="chunked"):
+    with pytest.raises(BackendUnavailableError, match="backend='auto' runs every call"):
         fast_weight_delta(q, k, v, beta, backend="cuda")
 
 
@@ -259,60 +259,63 @@ def test_state_only_ops_equal_the_full_ops_final_state(backend, rule, shape, wit
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
+def oracle_steps(rule, W, q, k, v, beta=None, decay=None):
+    """Each token's output and W after it, from the paper's recurrence (helpers.recurrence), one call per
+    token: what a decoder must produce step by step."""
+    run = recurrence(rule)
+    one = lambda x: None if x is None else x.unsqueeze(2)  # noqa: E731
+    out, W = run(one(q), one(k), one(v), one(beta), W, one(decay))
+    return out[:, :, 0], W
+
+
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_in_place_decoding_steps_equal_the_functional_steps(rule, dtype):
-    """ops/memory.py: W advanced in place, token after token, equals the reference steps."""
-    from fairseq_fwp.ops import memory as decoding
-    from fairseq_fwp.ops.reference import delta_step, sum_step
+def test_in_place_decoding_steps_equal_the_recurrence(rule, dtype):
+    """ops/memory.py: W advanced in place by the rule's own step, token after token."""
+    from fairseq_fwp.ops import Memory, fast_weight_step_
 
     q, k, v, beta, W0 = (x.detach() for x in make_inputs(3, 2, 6, 7, 5))
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    W_ref, W = W0.to(acc), W0.to(acc).clone()
+    W_ref, memory = W0.to(acc), Memory(fast_weight=W0.to(acc).clone())
     for t in range(6):
         q_t, k_t, v_t, b_t = (x[:, :, t].to(dtype) for x in (q, k, v, beta))
-        if rule == "sum":
-            want, W_ref = sum_step(W_ref, *(x.to(acc) for x in (q_t, k_t, v_t)))
-            got = decoding.sum_step_(W, q_t, k_t, v_t)
-        else:
-            want, W_ref = delta_step(W_ref, *(x.to(acc) for x in (q_t, k_t, v_t, b_t)))
-            got = decoding.delta_step_(W, q_t, k_t, v_t, b_t)
+        b_t = b_t if rule == "delta" else None
+        want, W_ref = oracle_steps(rule, W_ref, *(None if x is None else x.to(acc) for x in (q_t, k_t, v_t, b_t)))
+        got = fast_weight_step_(memory, q_t, k_t, v_t, b_t, backend="chunked")
         tolerance = 1e-12 if dtype == torch.float64 else 1e-5
-        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
-        torch.testing.assert_close(W, W_ref, rtol=tolerance, atol=tolerance)
+        rounding = 2 ** -8 if dtype == torch.bfloat16 else tolerance  # the output comes in the inputs' dtype
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.to(acc), want, rtol=rounding, atol=rounding)
+        torch.testing.assert_close(memory.materialized(), W_ref, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_factored_decoding_steps_equal_the_functional_steps_through_growth_and_reorders(rule):
-    """From an empty memory, W held as its factors (keys, writes) in buffers that grow (8, 16, 32 slots)
-    and follow beam-search reorders, until W is the smaller form (32 tokens at D = Dv = 64)."""
-    from fairseq_fwp.ops import Memory
-    from fairseq_fwp.ops import memory as decoding
-    from fairseq_fwp.ops.reference import delta_step, sum_step
+def test_factored_decoding_steps_equal_the_recurrence_through_growth_and_reorders(rule):
+    """From an empty memory, W held as its factors (keys, writes) in buffers that grow and follow beam-search
+    reorders, until W is the smaller form (32 tokens at D = Dv = 64)."""
+    from fairseq_fwp.ops import Memory, fast_weight_step_
+    from fairseq_fwp.ops.memory import factored_length_limit
 
     q, k, v, beta, _ = (None if x is None else x.detach() for x in make_inputs(3, 2, 40, 64, 64, with_state=False))
     W_ref = torch.zeros(3, 2, 64, 64, dtype=torch.float64)
     memory = Memory()
     for t in range(40):
         b = beta[:, :, t] if rule == "delta" else None
-        step = sum_step if rule == "sum" else (lambda W, *args: delta_step(W, *args, b))
-        want, W_ref = step(W_ref, q[:, :, t], k[:, :, t], v[:, :, t])
-        got = decoding.torch_step_(memory, q[:, :, t], k[:, :, t], v[:, :, t], b, dtype=torch.float64)
+        want, W_ref = oracle_steps(rule, W_ref, q[:, :, t], k[:, :, t], v[:, :, t], b)
+        got = fast_weight_step_(memory, q[:, :, t], k[:, :, t], v[:, :, t], b, backend="chunked")
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(memory.materialized(), W_ref, rtol=1e-12, atol=1e-12)
-        assert (memory.keys is not None) == (t + 1 < 32)
+        assert memory.is_factored == (t + 1 < 32)
         order = torch.tensor([2, 0, 0])  # beam search: row 0 continues row 2, rows 1 and 2 continue row 0
         memory.reorder_(order)
         W_ref, q, k, v, beta = (x[order] for x in (W_ref, q, k, v, beta))
-    assert decoding.factored_length_limit(256, 64) == 51 and decoding.factored_length_limit(64, 64) == 32
+    assert factored_length_limit(256, 64) == 51 and factored_length_limit(64, 64) == 32
 
 
 @pytest.mark.parametrize("rule", RULES)
 def test_decoding_steps_of_the_gated_rules(rule):
     """In place (from a given W) and factored (from an empty memory), with a decay."""
-    from fairseq_fwp.ops import Memory
-    from fairseq_fwp.ops import memory as decoding
-    from fairseq_fwp.ops.reference import delta_step, sum_step
+    from fairseq_fwp.ops import Memory, fast_weight_step_
 
     q, k, v, beta, W0 = (x.detach() for x in make_inputs(2, 2, 6, 5, 3))
     decay = 0.5 + 0.5 * torch.rand(2, 2, 6, dtype=torch.float64)
@@ -321,13 +324,9 @@ def test_decoding_steps_of_the_gated_rules(rule):
         W_ref = torch.zeros_like(W0) if start is None else start.clone()
         memory = Memory(fast_weight=None if start is None else start.clone())
         for t in range(6):
-            args = (q[:, :, t], k[:, :, t], v[:, :, t])
-            b, a = (beta[:, :, t] if rule == "delta" else None), decay[:, :, t]
-            if rule == "sum":
-                want, W_ref = sum_step(W_ref, *args, a)
-            else:
-                want, W_ref = delta_step(W_ref, *args, b, a)
-            got = decoding.torch_step_(memory, *args, b, a.log(), dtype=torch.float64)
+            args = (q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t] if rule == "delta" else None)
+            want, W_ref = oracle_steps(rule, W_ref, *args, decay[:, :, t])
+            got = fast_weight_step_(memory, *args, log_decay=decay[:, :, t].log(), backend="chunked")
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(memory.materialized(), W_ref, rtol=1e-12, atol=1e-12)
 
@@ -356,24 +355,25 @@ def test_a_decoding_step_of_every_backend_equals_the_sequence_op(backend, rule, 
 
 
 def test_auto_says_what_it_chose_and_why_and_named_backends_are_refused_in_one_format():
+    from fairseq_fwp.ops import update_rule
     from fairseq_fwp.ops.backends import Call, resolve
 
     q, k, v, beta, _ = make_inputs(1, 2, 3, 4, 4, dtype=torch.float32)
     choices = []
     fast_weight_delta(q, k, v, beta, on_choice=choices.append)
     assert [c.name for c in choices] == ["chunked"]
-    assert choices[0].reason.startswith("auto on cpu torch.float32, D = 4; not fla: cpu tensors")
-    call = Call(rule="sum", gated=True, dtype=torch.float32, device=torch.device("cpu"), D=4, Dv=4, T=3,
+    assert choices[0].reason.startswith("auto on cpu torch.float32, D = 4, rule delta; not fla: cpu tensors")
+    call = Call(rule=update_rule("gated-sum"), dtype=torch.float32, device=torch.device("cpu"), D=4, Dv=4, T=3,
                 needs_grad=True)
     with pytest.raises(BackendUnavailableError,
-                       match=r"^backend 'cuda' cannot run this call: the csrc kernels have no gated rules \(decay\); "
-                             r"backend='chunked' runs everywhere$"):
+                       match=r"^backend 'cuda' cannot run this call: it has no kernel for the update rule 'gated-sum'; "
+                             r"backend='auto' runs every call$"):
         resolve("cuda", call)
 
 
 def test_a_memory_keeps_its_backend_choice_while_the_flag_and_the_call_stay_the_same():
     """One decoding resolves its backend once, and again whenever the flag or the call changes."""
-    from fairseq_fwp.ops import Memory
+    from fairseq_fwp.ops import Memory, update_rule
     from fairseq_fwp.ops.backends import Call, resolve
 
     asked = []
@@ -382,7 +382,7 @@ def test_a_memory_keeps_its_backend_choice_while_the_flag_and_the_call_stay_the_
         asked.append((name, call.dtype))
         return resolve(name, call)
 
-    call = Call(rule="sum", gated=False, dtype=torch.float32, device=torch.device("cpu"), D=4, Dv=4, T=1,
+    call = Call(rule=update_rule("sum"), dtype=torch.float32, device=torch.device("cpu"), D=4, Dv=4, T=1,
                 needs_grad=False)
     memory = Memory()
     for _ in range(3):

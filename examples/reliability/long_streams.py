@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from fairseq_fwp.modules.attention_options import AttentionOptions
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
 
 RULES = {  # name: (update rule, attention normalisation)
@@ -39,8 +40,8 @@ CHECKPOINTS = (1_000, 10_000, 100_000)
 
 def build_layer(rule, attn_norm, inputs, dim, heads, seed):
     torch.manual_seed(seed)
-    layer = FastWeightAttention(dim, heads, causal=True, feature_map="linear", update_rule=rule,
-                                attention_normalization=attn_norm).eval()
+    layer = FastWeightAttention(AttentionOptions(dim, heads, causal=True, feature_map="linear", update_rule=rule,
+                                attention_normalization=attn_norm)).eval()
     if "beta~1" in inputs and layer.beta_proj is not None:
         with torch.no_grad():
             layer.beta_proj.bias.fill_(7.0)  # sigmoid(7) = 0.999

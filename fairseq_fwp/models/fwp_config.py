@@ -2,10 +2,14 @@
 
 Every flag is a dataclass field (fairseq silently drops LM flags that are
 not), and every invalid value fails at argument parsing with a message that
-names the flag and the allowed values. Every rule that combines flags is
-checked by ``validate``, which each architecture runs when fairseq parses the
-arguments (and applies it to a loaded checkpoint's config); its messages
-name the flags. docs/flags.md lists the flags and the rules.
+names the flag and the allowed values: --fwp-feature-map and
+--fwp-update-rule take the names registered when the arguments are parsed
+(register_feature_map, register_update_rule; a user's --user-dir registers
+before). Every rule that combines flags is checked by ``validate``, which
+each architecture runs when fairseq parses the arguments (and applies it to
+a loaded checkpoint's config), and which returns the AttentionPlan the model
+is built from (site_options.py); its messages name the flags. docs/flags.md
+lists the flags and the rules.
 """
 import argparse
 import logging
@@ -17,17 +21,14 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models.transformer import TransformerConfig
 from omegaconf import OmegaConf
 
-from ..modules import attention_rules
-from ..modules.fast_weight_attention import UPDATE_RULES
-from ..modules.feature_maps import FEATURE_MAPS, QK_NORMS, OptionError, feature_map_class
+from ..modules.feature_maps import FEATURE_MAPS, QK_NORMS
 from ..modules.gates import DECAY_FORMS
-from ..modules.attention_rules import DELTA_RULES
-from ..modules.transformer_layers import SITES, layer_options, softmax_layers, uses_fast_weights
 from ..ops import BACKENDS
+from ..ops.rules import UPDATE_RULES
+from .site_options import SITES, attention_plan
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_KINDS = ("softmax",) + FEATURE_MAPS
 ON_OFF = ("on", "off")
 AUTO_ON_OFF = ("auto", "on", "off")
 AUTO_QK_NORMS = ("auto",) + QK_NORMS
@@ -35,9 +36,10 @@ AUTO_QK_NORMS = ("auto",) + QK_NORMS
 
 @dataclass
 class FastWeightConfig(FairseqDataclass):
-    fwp_feature_map: ChoiceEnum(ATTENTION_KINDS) = field(
+    # Choices: the registered names when the arguments are parsed (finish_parser), a user's included.
+    fwp_feature_map: str = field(
         default="linear", metadata={"help": "phi of the fast-weight attention; softmax = unmodified fairseq attention"})
-    fwp_update_rule: ChoiceEnum(UPDATE_RULES) = field(
+    fwp_update_rule: str = field(
         default="sum", metadata={"help": "programming instruction of the decoder self-attention; gated-sum and "
                                           "gated-delta scale the memory by a decay a_t from the layer input"})
     fwp_decay_form: ChoiceEnum(DECAY_FORMS) = field(
@@ -116,27 +118,29 @@ class GivenOnCommandLine(str):
     now, where a stored config's value is read as the code that stored it computed it (upgrade_sum_norm)."""
 
 
-def tighten_arg_types(parser):
-    """Make the integer flags reject out-of-range values at parse time, and mark --fwp-sum-norm's values
-    as given on the command line."""
+def registered_choices():
+    """--fwp-feature-map's and --fwp-update-rule's choices: what is registered now."""
+    return {"fwp_feature_map": ["softmax", *FEATURE_MAPS], "fwp_update_rule": list(UPDATE_RULES)}
+
+
+def finish_parser(parser):
+    """Give --fwp-feature-map and --fwp-update-rule the registered names as choices, make the integer flags
+    reject out-of-range values at parse time, and mark --fwp-sum-norm's values as given on the command line."""
     checks = {"fwp_dpfp_nu": _at_least(1), "fwp_performer_features": _at_least(0),
               "fwp_performer_redraw": _at_least(0), "fwp_short_conv": _kernel_size,
               "fwp_softmax_layers": _layer_list, "fwp_sum_norm": GivenOnCommandLine}
+    choices = registered_choices()
     for action in parser._actions:
         if action.dest in checks:
             action.type = checks[action.dest]
+        if action.dest in choices:
+            action.choices = choices[action.dest]
 
 
 def add_fwp_args(parser):
     """The --fwp-* flags for an argparse-based (legacy) model."""
     gen_parser_from_dataclass(parser, FastWeightConfig(), delete_default=True)
-    tighten_arg_types(parser)
-
-
-# How validate's messages name each layer option: the flag that sets it.
-FLAG_OF_OPTION = {"feature_map": "--fwp-feature-map", "update_rule": "--fwp-update-rule", "qk_norm": "--fwp-qk-norm",
-                  "attention_normalization": "--fwp-attn-norm", "short_conv": "--fwp-short-conv",
-                  "causal": "site"}
+    finish_parser(parser)
 
 
 def upgrade_sum_norm(cfg):
@@ -164,57 +168,24 @@ def upgrade_sum_norm(cfg):
             cfg.fwp_qk_norm = "none"
         return
     if old == "off":
-        if str(cfg.fwp_update_rule) in DELTA_RULES and getattr(cfg, "fwp_decoder_qk_norm", None) in (None, "auto"):
+        if UPDATE_RULES[str(cfg.fwp_update_rule)].normalised_keys and getattr(cfg, "fwp_decoder_qk_norm", None) in (
+                None, "auto"):
             cfg.fwp_decoder_qk_norm = str(cfg.fwp_qk_norm)
         cfg.fwp_qk_norm = "none"
 
 
 def validate(cfg, stacks):
     """Every rule that combines --fwp-* flags; raises ValueError naming the flags. stacks: {"encoder":
-    layer count, "decoder": layer count} of the model (the LM has a decoder only)."""
+    layer count, "decoder": layer count} of the model (the LM has a decoder only). Returns the model's
+    AttentionPlan (site_options.py)."""
     upgrade_sum_norm(cfg)  # configs built in code, which no architecture function saw
-    for index in sorted(softmax_layers(cfg)):
-        if all(index >= count for count in stacks.values()):
-            counts = " and ".join(f"{count} {name} layers" for name, count in stacks.items())
-            raise ValueError(f"--fwp-softmax-layers {cfg.fwp_softmax_layers}: layer {index} does not exist "
-                             f"(the model has {counts}, counted from 0)")
-    sites = ["decoder-self"] + (["encoder-self", "cross"] if "encoder" in stacks else [])
-    for site in sites:
-        if not any(uses_fast_weights(cfg, site, index) for index in range(max(stacks.values()))):
-            continue
-        side = "encoder" if site == "encoder-self" else "decoder"
-        embed_dim, num_heads = getattr(cfg, f"{side}_embed_dim"), getattr(cfg, f"{side}_attention_heads")
-        options = layer_options(cfg, site, embed_dim=embed_dim, num_heads=num_heads)
-        _check_feature_map_options(options, embed_dim // num_heads, site)
-
-        def describe(name, value):
-            if name == "qk_norm" and site == "decoder-self" and cfg.fwp_decoder_qk_norm != "auto":
-                return f"--fwp-decoder-qk-norm {value}"
-            if name == "attention_normalization":
-                flag = "--fwp-decoder-attn-norm" if site == "decoder-self" and cfg.fwp_decoder_attn_norm != "auto" \
-                    else "--fwp-attn-norm"
-                return f"{flag} {getattr(cfg, flag[2:].replace('-', '_'))} (attention normalisation "\
-                       f"{'on' if value else 'off'} at the {site} attention)"
-            if name == "causal":
-                return f"the {site} attention"
-            return f"{FLAG_OF_OPTION[name]} {value}"
-
-        attention_rules.check(options, describe)
-
-
-# The flag that sets each feature-map option.
-FLAG_OF_FEATURE_MAP_OPTION = {"nu": "--fwp-dpfp-nu", "num_features": "--fwp-performer-features",
-                              "redraw_interval": "--fwp-performer-redraw"}
-
-
-def _check_feature_map_options(options, head_dim, site):
-    """What the site's feature map cannot take with its head size, refused naming the flag."""
-    map_options = options["feature_map_options"]
-    try:
-        feature_map_class(options["feature_map"]).check_options(head_dim, **map_options)
-    except OptionError as err:
-        flag = FLAG_OF_FEATURE_MAP_OPTION[err.option]
-        raise ValueError(f"{flag} {map_options[err.option]} at the {site} attention: {err}") from None
+    for dest, choices in registered_choices().items():
+        value = str(getattr(cfg, dest))
+        if value not in choices:
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} {value}: not registered (registered: {', '.join(choices)}); one of your own is "
+                             "registered by the --user-dir that defines it, which the command must name too")
+    return attention_plan(cfg, stacks)
 
 
 def set_fwp_defaults(args, **overrides):
@@ -234,8 +205,3 @@ def transformer_config(args):
     if OmegaConf.is_config(args):
         args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
     return TransformerConfig.from_namespace(args)
-
-
-def fast_weight_options(args):
-    """The --fwp-* values of args (a Namespace or a DictConfig) as a plain namespace."""
-    return argparse.Namespace(**{name: getattr(args, name) for name in FastWeightConfig.__dataclass_fields__})

@@ -6,7 +6,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture, tra
 from ..modules.backend_log import share_backend_log
 from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder, FastWeightTransformerEncoder
-from .fwp_config import add_fwp_args, fast_weight_options, set_fwp_defaults, transformer_config, validate
+from .fwp_config import add_fwp_args, set_fwp_defaults, transformer_config, validate
 
 
 @register_model("fwp_transformer")
@@ -25,22 +25,20 @@ class FastWeightTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        validate(args, stacks(args))  # configs that did not come through the parser (built in code)
         model = super().build_model(args, task)
         share_backend_log(model)
         return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        cfg = transformer_config(args)
-        return FastWeightTransformerEncoder(cfg, fast_weight_options(args), src_dict, embed_tokens)
+        return FastWeightTransformerEncoder(transformer_config(args), validate(args, stacks(args)), src_dict,
+                                            embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = transformer_config(args)
-        return FastWeightTransformerDecoder(
-            cfg, fast_weight_options(args), tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
-        )
+        return FastWeightTransformerDecoder(cfg, validate(args, stacks(args)), tgt_dict, embed_tokens,
+                                            no_encoder_attn=cfg.no_cross_attention)
 
 
 # The paper's MT setting (Table 1): every attention fast-weight, sum rule,

@@ -13,8 +13,7 @@ from fairseq.models.transformer_lm import (
 from ..modules.backend_log import share_backend_log
 from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder
-from .fwp_config import (ON_OFF, FastWeightConfig, fast_weight_options, set_fwp_defaults, tighten_arg_types,
-                         transformer_config, validate)
+from .fwp_config import ON_OFF, FastWeightConfig, finish_parser, set_fwp_defaults, transformer_config, validate
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        tighten_arg_types(parser)
+        finish_parser(parser)
 
     def forward(self, *args, **kwargs):
         if self.training:
@@ -39,17 +38,15 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        validate(args, {"decoder": args.decoder_layers})  # configs that did not come through the parser
+        plan = validate(args, {"decoder": args.decoder_layers})
         if args.fwp_positions == "off":
             args.no_token_positional_embeddings = True
         # fairseq's LM builder hard-codes its own decoder class; let it resolve
         # the (adaptive) input embeddings, then build the fast-weight decoder
         # around them. The throw-away decoder costs one extra initialisation.
         embed_tokens = super().build_model(args, task).decoder.embed_tokens
-        decoder = FastWeightTransformerDecoder(
-            transformer_config(args), fast_weight_options(args),
-            task.target_dictionary, embed_tokens, no_encoder_attn=True,
-        )
+        decoder = FastWeightTransformerDecoder(transformer_config(args), plan, task.target_dictionary, embed_tokens,
+                                               no_encoder_attn=True)
         model = cls(decoder)
         share_backend_log(model)
         return model

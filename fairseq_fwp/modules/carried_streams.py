@@ -93,10 +93,10 @@ class CarriedStreams(nn.Module):
         if stream is None:
             return FastWeightState()
         state = stream.start.to(device)
-        W = state.memory.fast_weight
-        if W is not None and W.shape[0] != batch_size:
+        rows = state.memory.rows
+        if rows is not None and rows != batch_size:
             raise RuntimeError(
-                f"the carried fast weight holds {W.shape[0]} streams, but this segment has {batch_size} rows: "
+                f"the carried fast weight holds {rows} streams, but this segment has {batch_size} rows: "
                 "every batch of a carry-over task must keep the same streams in the same rows")
         return state
 

@@ -35,71 +35,42 @@ import torch.nn as nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from ..ops import fast_weight_delta, fast_weight_step_, fast_weight_sum
+from ..ops import fast_weight, fast_weight_step_
 from ..ops.fast_weight import accumulation_dtype
 from ..ops.memory import factored_length_limit
-from . import attention_rules
+from .attention_options import AttentionOptions
 from .backend_log import BackendLog
 from .carried_streams import CarriedStreams
-from .feature_maps import QK_NORMS, build_feature_map, normalize_features
+from .feature_maps import build_feature_map, normalize_features
 from .gates import DecayGate, OutputGate
 from .short_convolution import ShortConvolution
 from .state import FastWeightState, rows_per_source
 
-UPDATE_RULES = ("sum", "delta", "gated-sum", "gated-delta")
-
 
 @with_incremental_state
 class FastWeightAttention(nn.Module):
-    def __init__(
-        self,
-        embed_dim,
-        num_heads,
-        *,
-        kdim=None,
-        vdim=None,
-        causal=True,
-        feature_map="linear",
-        feature_map_options=None,
-        update_rule="sum",
-        qk_norm="sum",
-        attention_normalization=False,
-        output_scaling=False,
-        decay_form="mamba2",
-        short_conv=0,
-        output_gate=False,
-        backend="auto",
-        eps=1e-5,
-    ):
+    def __init__(self, options: AttentionOptions):
+        """options: every option of the layer, checked when the AttentionOptions was built."""
         super().__init__()
-        _check_options(dict(embed_dim=embed_dim, num_heads=num_heads, causal=causal, feature_map=feature_map,
-                            update_rule=update_rule, qk_norm=qk_norm, attention_normalization=attention_normalization,
-                            short_conv=short_conv))
-        self.embed_dim = embed_dim
-        self.num_heads = num_heads
-        self.head_dim = embed_dim // num_heads
-        self.causal = causal
-        self.update_rule = update_rule
-        self.delta = update_rule in ("delta", "gated-delta")
-        self.qk_norm = qk_norm
-        self.attention_normalization = attention_normalization
-        self.output_scaling = output_scaling
-        self.backend = backend
+        self.options = options
+        self.embed_dim, self.num_heads, self.head_dim = options.embed_dim, options.num_heads, options.head_dim
+        self.causal = options.causal
+        self.rule = options.rule
         self.backend_log = BackendLog()  # a model shares one among its layers (share_backend_log)
-        self.eps = eps
         self.streams = None  # see enable_carry_over
 
+        embed_dim, kdim = options.embed_dim, options.kdim or options.embed_dim
         self.q_proj = nn.Linear(embed_dim, embed_dim)
-        self.k_proj = nn.Linear(kdim or embed_dim, embed_dim)
-        self.v_proj = nn.Linear(vdim or embed_dim, embed_dim)
+        self.k_proj = nn.Linear(kdim, embed_dim)
+        self.v_proj = nn.Linear(kdim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         # Eq. 21: one write strength per head, from the layer input.
-        self.beta_proj = nn.Linear(embed_dim, num_heads) if self.delta else None
-        self.decay_gate = DecayGate(embed_dim, num_heads, decay_form) if update_rule.startswith("gated") else None
-        self.convolutions = nn.ModuleDict({name: ShortConvolution(embed_dim, short_conv) for name in "qkv"}) \
-            if short_conv else None
-        self.output_gate = OutputGate(embed_dim, num_heads) if output_gate else None
-        self.feature_map = build_feature_map(feature_map, self.head_dim, **(feature_map_options or {}))
+        self.beta_proj = nn.Linear(embed_dim, options.num_heads) if self.rule.write_strength else None
+        self.decay_gate = DecayGate(embed_dim, options.num_heads, options.decay_form) if self.rule.decay else None
+        self.convolutions = nn.ModuleDict({name: ShortConvolution(embed_dim, options.short_conv) for name in "qkv"}) \
+            if options.short_conv else None
+        self.output_gate = OutputGate(embed_dim, options.num_heads) if options.output_gate else None
+        self.feature_map = build_feature_map(options.feature_map, self.head_dim, **dict(options.feature_map_options))
         self.reset_parameters()
 
     def start_as_ungated(self):
@@ -152,20 +123,20 @@ class FastWeightAttention(nn.Module):
         return x.view(T, B, self.num_heads, C // self.num_heads).permute(1, 2, 0, 3)
 
     def _phi(self, x):
-        return normalize_features(self.feature_map(self._heads(x)), self.qk_norm)
+        return normalize_features(self.feature_map(self._heads(x)), self.options.qk_norm)
 
     def _finish(self, out, x):
         """[B, H, T, d] -> [T, B, H * d] through the output gate (if any) and the output projection."""
         if self.output_gate is not None:
             out = self.output_gate(out, x)
-        if self.output_scaling:
+        if self.options.output_scaling:
             out = out * self.head_dim ** -0.5
         B, H, T, d = out.shape
         return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * d))
 
     def _normalize_output(self, out, q, z):
         """Eq. 19 / Eq. 28: divide by z_t . phi(q_t)."""
-        return out / ((q * z).sum(-1, keepdim=True) + self.eps)
+        return out / ((q * z).sum(-1, keepdim=True) + self.options.eps)
 
     # -- causal ----------------------------------------------------------------
     #
@@ -218,7 +189,7 @@ class FastWeightAttention(nn.Module):
     def _gates(self, x, keep):
         """beta (Eq. 21: the delta rules' write strength) and log a (the gated rules' decay) ``[B, H, T]``,
         or None; padded positions neither write nor decay."""
-        beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0) if self.delta else None
+        beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0) if self.beta_proj is not None else None
         log_decay = self.decay_gate(x) if self.decay_gate is not None else None
         if keep is not None:
             beta = None if beta is None else beta * keep.unsqueeze(1).to(beta.dtype)
@@ -229,7 +200,7 @@ class FastWeightAttention(nn.Module):
         """z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18; padded keys are zero) where attention normalisation is
         on (None otherwise), kept in `state`; for the delta rules also the normalised retrieval's k and beta
         (Eqs. 26-28). Returns (z [B, H, T, D] or None, k, beta)."""
-        if not self.attention_normalization:
+        if not self.options.attention_normalization:
             return None, k, beta
         acc = accumulation_dtype(k.dtype)
         z0 = state.key_sum
@@ -239,23 +210,19 @@ class FastWeightAttention(nn.Module):
             z = k.to(acc).cumsum(2) if z0 is None else z0.unsqueeze(2) + k.to(acc).cumsum(2)
         if k.shape[2]:
             state.key_sum = z[:, :, -1]
-        if self.delta:
+        if self.rule.normalised_retrieval:
             k, beta = self._delta_attention_normalization(k, beta, z)
         return z, k, beta
 
     def _program(self, q, k, v, beta, log_decay, state, one_step):
         """The op: writes every token into the memory (sum or delta rule, Eqs. 17, 20-24) and reads it
         with each query (Eqs. 11, 25); one step of the same backend while decoding."""
-        report = self.backend_log.note
+        run = dict(rule=self.rule.name, backend=self.options.backend, on_choice=self.backend_log.note)
         if one_step:
             out = fast_weight_step_(state.memory, q[:, :, 0], k[:, :, 0], v[:, :, 0], _step(beta),
-                                    log_decay=_step(log_decay), backend=self.backend, on_choice=report)
+                                    log_decay=_step(log_decay), **run)
             return out.unsqueeze(2).to(q.dtype)
-        W0 = state.memory.materialized()
-        if self.delta:
-            out, W = fast_weight_delta(q, k, v, beta, W0, log_decay=log_decay, backend=self.backend, on_choice=report)
-        else:
-            out, W = fast_weight_sum(q, k, v, W0, log_decay=log_decay, backend=self.backend, on_choice=report)
+        out, W = fast_weight(q=q, k=k, v=v, beta=beta, state=state.memory.materialized(), log_decay=log_decay, **run)
         state.memory.hold_(W)
         return out
 
@@ -270,7 +237,7 @@ class FastWeightAttention(nn.Module):
         z_prev = z - k_acc
         d = (z_prev * k_acc).sum(-1)
         d = torch.where(z_prev.sum(-1) > 0, d, torch.ones_like(d)).to(k.dtype)
-        return k / (d.unsqueeze(-1) + self.eps), beta * d
+        return k / (d.unsqueeze(-1) + self.options.eps), beta * d
 
     # -- carry-over across segments (paper Table 4) ------------------------------
 
@@ -307,7 +274,7 @@ class FastWeightAttention(nn.Module):
         q = self._phi(self.q_proj(query))
         cached = incremental_state is not None and static_kv
         state = self._get_input_buffer(incremental_state) if cached else FastWeightState()
-        if state.memory.fast_weight is None and state.memory.keys is None:
+        if state.memory.is_empty:
             # Beam search repeats each source once per beam: one memory per source serves its rows.
             g = rows_per_source(key, key_padding_mask) if cached else 1
             mask = None if key_padding_mask is None else key_padding_mask[::g]
@@ -315,9 +282,9 @@ class FastWeightAttention(nn.Module):
             state.rows_per_memory = g
             if cached:
                 self._set_input_buffer(incremental_state, state)
-        out, normalizer = state.read_sources(q, self.attention_normalization)
+        out, normalizer = state.read_sources(q, self.options.attention_normalization)
         if normalizer is not None:  # Eq. 19
-            out = out / (normalizer + self.eps)
+            out = out / (normalizer + self.options.eps)
         return self._finish(out, query)
 
     def _source_memory(self, key, key_padding_mask, state, factored):
@@ -327,11 +294,11 @@ class FastWeightAttention(nn.Module):
         k, v = self._phi(self.k_proj(key)), self._heads(self.v_proj(key))
         if key_padding_mask is not None:
             k = k * (~key_padding_mask).unsqueeze(1).unsqueeze(-1).to(k.dtype)
+        state.key_sum = k.to(accumulation_dtype(k.dtype)).sum(2) if self.options.attention_normalization else None
         if factored and k.shape[2] < factored_length_limit(k.shape[-1], v.shape[-1]):
-            state.memory.keys, state.memory.writes = k, v
-            return
-        state.memory.hold_(torch.einsum("bhte,bhtd->bhed", v, k))
-        state.key_sum = k.to(accumulation_dtype(k.dtype)).sum(2) if self.attention_normalization else None
+            state.memory.hold_factors_(k, v)
+        else:
+            state.memory.hold_(torch.einsum("bhte,bhtd->bhed", v, k))
 
     # -- incremental state (fairseq interface) -----------------------------------
 
@@ -351,22 +318,12 @@ class FastWeightAttention(nn.Module):
         return incremental_state
 
     def extra_repr(self):
-        return (f"causal={self.causal}, update_rule={self.update_rule}, qk_norm={self.qk_norm}, "
-                f"attention_normalization={self.attention_normalization}, "
-                f"output_scaling={self.output_scaling}, backend={self.backend}")
+        o = self.options
+        return (f"causal={o.causal}, update_rule={o.update_rule}, qk_norm={o.qk_norm}, "
+                f"attention_normalization={o.attention_normalization}, output_scaling={o.output_scaling}, "
+                f"backend={o.backend}")
 
 
 def _step(x):
     """The only step of a [B, H, 1] tensor, or None."""
     return None if x is None else x[:, :, 0]
-
-
-def _check_options(options):
-    """What the layer's arguments must be, alone and together (attention_rules.py)."""
-    if options["embed_dim"] % options["num_heads"]:
-        raise ValueError(f"embed_dim ({options['embed_dim']}) must be divisible by num_heads ({options['num_heads']})")
-    if options["update_rule"] not in UPDATE_RULES:
-        raise ValueError(f"update_rule must be one of {', '.join(UPDATE_RULES)}; got {options['update_rule']!r}")
-    if options["qk_norm"] not in QK_NORMS:
-        raise ValueError(f"qk_norm must be one of {', '.join(QK_NORMS)}; got {options['qk_norm']!r}")
-    attention_rules.check(options, lambda name, value: f"{name}={value!r}")

@@ -20,8 +20,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-FEATURE_MAPS = ("linear", "performer", "dpfp", "silu")
 QK_NORMS = ("sum", "l2", "none")
+FEATURE_MAPS = {}  # name -> FeatureMap subclass: the registry, in registration order
+
+
+def register_feature_map(name):
+    """Class decorator, in fairseq's style: registers a FeatureMap subclass under `name`, the value
+    --fwp-feature-map takes. The class is built as cls(head_dim, **options) and has ``out_dim``."""
+    def register(cls):
+        if not (isinstance(cls, type) and issubclass(cls, FeatureMap)):
+            raise ValueError(f"feature map {name!r}: register a FeatureMap subclass, got {cls!r}")
+        if name in FEATURE_MAPS or name == "softmax":
+            raise ValueError(f"feature map {name!r} is registered already")
+        FEATURE_MAPS[name] = cls
+        return cls
+    return register
 
 
 def sum_normalize(phi, eps=1e-6):
@@ -56,7 +69,10 @@ class OptionError(ValueError):
 
 
 class FeatureMap(nn.Module):
-    """Base class: phi with its output size ``out_dim``."""
+    """Base class: phi with its output size ``out_dim``. ``signed``: its features can be negative (their
+    sum can be zero: no sum normalisation, no attention normalisation)."""
+
+    signed = False
 
     @classmethod
     def check_options(cls, head_dim, **options):
@@ -83,6 +99,7 @@ def start_training_step(model):
             module.training_step()
 
 
+@register_feature_map("linear")
 class LinearFeatureMap(FeatureMap):
     """phi(x) = elu(x) + 1 (Katharopoulos et al.; paper Eq. 30). D = d."""
 
@@ -95,49 +112,7 @@ class LinearFeatureMap(FeatureMap):
         return F.elu(x) + 1
 
 
-class SiLUFeatureMap(FeatureMap):
-    """phi(x) = x sigmoid(x) (DeltaNet, Yang et al. 2024; with L2 normalisation). D = d; signed."""
-
-    def __init__(self, head_dim):
-        super().__init__()
-        self.head_dim = head_dim
-        self.out_dim = head_dim
-
-    def forward(self, x):
-        return F.silu(x)
-
-
-class DPFPFeatureMap(FeatureMap):
-    """Deterministic parameter-free projection, DPFP-nu (paper Eq. 37, Appendix C).
-
-    r = [relu(x), relu(-x)] (size 2d), phi(x) = concat_{i=1..nu} r * roll(r, +i).
-    D = 2 * d * nu.
-    """
-
-    def __init__(self, head_dim, nu=1):
-        super().__init__()
-        self.check_options(head_dim, nu=nu)
-        self.head_dim = head_dim
-        self.nu = nu
-        self.out_dim = 2 * head_dim * nu
-
-    @classmethod
-    def check_options(cls, head_dim, nu=1):
-        if not isinstance(nu, int) or nu < 1:
-            raise OptionError("nu", f"dpfp nu must be an integer >= 1, got {nu!r}")
-        if nu >= 2 * head_dim:  # roll(r, 2 head_dim) is r itself: the blocks would repeat
-            raise OptionError("nu", f"dpfp nu must be below 2 x head_dim = {2 * head_dim} (head_dim {head_dim}), "
-                                    f"got {nu}")
-
-    def forward(self, x):
-        r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)
-        rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)
-        return (r.unsqueeze(-2) * rolled).flatten(-2)  # block i: r * roll(r, i), without repeating r
-
-    def extra_repr(self):
-        return f"head_dim={self.head_dim}, nu={self.nu}"
-
-
+@register_feature_map("performer")
 class PerformerFeatureMap(FeatureMap):
     """FAVOR+ positive orthogonal random features (paper Eqs. 31-32).
 
@@ -230,6 +205,53 @@ class PerformerFeatureMap(FeatureMap):
                 f"redraw_interval={self.redraw_interval}, input_scaling={self.input_scale != 1.0}")
 
 
+@register_feature_map("dpfp")
+class DPFPFeatureMap(FeatureMap):
+    """Deterministic parameter-free projection, DPFP-nu (paper Eq. 37, Appendix C).
+
+    r = [relu(x), relu(-x)] (size 2d), phi(x) = concat_{i=1..nu} r * roll(r, +i).
+    D = 2 * d * nu.
+    """
+
+    def __init__(self, head_dim, nu=1):
+        super().__init__()
+        self.check_options(head_dim, nu=nu)
+        self.head_dim = head_dim
+        self.nu = nu
+        self.out_dim = 2 * head_dim * nu
+
+    @classmethod
+    def check_options(cls, head_dim, nu=1):
+        if not isinstance(nu, int) or nu < 1:
+            raise OptionError("nu", f"dpfp nu must be an integer >= 1, got {nu!r}")
+        if nu >= 2 * head_dim:  # roll(r, 2 head_dim) is r itself: the blocks would repeat
+            raise OptionError("nu", f"dpfp nu must be below 2 x head_dim = {2 * head_dim} (head_dim {head_dim}), "
+                                    f"got {nu}")
+
+    def forward(self, x):
+        r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)
+        rolled = torch.stack([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-2)
+        return (r.unsqueeze(-2) * rolled).flatten(-2)  # block i: r * roll(r, i), without repeating r
+
+    def extra_repr(self):
+        return f"head_dim={self.head_dim}, nu={self.nu}"
+
+
+@register_feature_map("silu")
+class SiLUFeatureMap(FeatureMap):
+    """phi(x) = x sigmoid(x) (DeltaNet, Yang et al. 2024; with L2 normalisation). D = d; signed."""
+
+    signed = True
+
+    def __init__(self, head_dim):
+        super().__init__()
+        self.head_dim = head_dim
+        self.out_dim = head_dim
+
+    def forward(self, x):
+        return F.silu(x)
+
+
 def orthogonal_gaussian(d, m, generator):
     """A ``d x m`` matrix whose columns are orthogonal in blocks of d.
 
@@ -246,21 +268,14 @@ def orthogonal_gaussian(d, m, generator):
     return (P * norms).float()
 
 
-FEATURE_MAP_CLASSES = {
-    "linear": LinearFeatureMap,
-    "performer": PerformerFeatureMap,
-    "dpfp": DPFPFeatureMap,
-    "silu": SiLUFeatureMap,
-}
-
-
 def feature_map_class(name):
-    if name not in FEATURE_MAP_CLASSES:
-        raise ValueError(f"feature map must be one of {', '.join(FEATURE_MAPS)}; got {name!r}")
-    return FEATURE_MAP_CLASSES[name]
+    if name not in FEATURE_MAPS:
+        raise ValueError(f"feature map {name!r} is not registered (registered: {', '.join(FEATURE_MAPS)}); a map of "
+                         "your own is registered by its --user-dir (fairseq_fwp.register_feature_map)")
+    return FEATURE_MAPS[name]
 
 
 def build_feature_map(name, head_dim, **options):
-    """Build a feature map by name: "linear", "performer" (num_features, seed, redraw_interval,
-    input_scaling), "dpfp" (nu) or "silu"."""
+    """Build a registered feature map by name: "linear", "performer" (num_features, seed, redraw_interval,
+    input_scaling), "dpfp" (nu), "silu", or one of your own."""
     return feature_map_class(name)(head_dim, **options)

@@ -14,8 +14,7 @@ them with its reorders. Every tensor is batch-first, one row per hypothesis
 - non-causal layers (encoder-decoder attention): the source memory
   W = sum_j v_j phi(k_j)^T of each source sentence, held as its factors
   (phi(K) and V) where they are smaller (a source of fewer than
-  D Dv / (D + Dv) tokens), and z where attention normalisation is on (with
-  the factors, z . phi(q) is the sum of the scores phi(k_j) . phi(q)).
+  D Dv / (D + Dv) tokens), and z where attention normalisation is on.
   fairseq's beam search repeats every source sentence once per beam in
   consecutive rows; their memories would be equal, so one is kept per
   sentence (``rows_per_memory`` consecutive rows read it) and is moved only
@@ -75,9 +74,7 @@ class FastWeightState:
 
     def tensors(self):
         """The tensors the state holds (the reorder spares, allocated once, apart)."""
-        memory = self.memory
-        held = (memory.fast_weight, memory.keys, memory.writes, self.key_sum, *self.convolutions)
-        return [x for x in held if x is not None]
+        return self.memory.tensors() + [x for x in (self.key_sum, *self.convolutions) if x is not None]
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -99,8 +96,7 @@ class FastWeightState:
 
     def reorder_sources_(self, new_order):
         """Move the per-source memories with the rows that read them."""
-        g, memory = self.rows_per_memory, self.memory
-        sources = (memory.keys if memory.keys is not None else memory.fast_weight).shape[0]
+        g, sources = self.rows_per_memory, self.memory.rows
         if is_identity(new_order, g * sources):
             return  # greedy search, or a beam that kept every hypothesis in place
         source = torch.div(new_order, g, rounding_mode="floor")  # the memory each new row reads
@@ -111,10 +107,7 @@ class FastWeightState:
                 return
         else:  # an arbitrary reorder: one memory per row from now on
             self.rows_per_memory = 1
-        if memory.keys is not None:
-            memory.keys, memory.writes = memory.keys.index_select(0, source), memory.writes.index_select(0, source)
-        else:
-            memory.hold_(memory.fast_weight.index_select(0, source))
+        self.memory.select_rows_(source)
         if self.key_sum is not None:
             self.key_sum = self.key_sum.index_select(0, source)
 
@@ -122,18 +115,11 @@ class FastWeightState:
         """W q for query rows q ``[rows, H, T, D]`` that share their source's memory (sources, rows =
         sources * rows_per_memory), and with_normalizer z . q (else None). Returns ([rows, H, T, Dv],
         [rows, H, T, 1] or None)."""
-        memory = self.memory
-        factored = memory.keys is not None
-        n, (rows, H, T, D) = (memory.keys if factored else memory.fast_weight).shape[0], q.shape
+        n, (rows, H, T, D) = self.memory.rows, q.shape
         g = rows // n
         grouped = q.view(n, g, H, T, D).transpose(1, 2).reshape(n, H, g * T, D)  # a memory is read once for its rows
-        if factored:  # W q = sum_j v_j (phi(k_j) . q), and z . q = sum_j phi(k_j) . q
-            scores = grouped @ memory.keys.transpose(-1, -2).to(q.dtype)
-            out = scores @ memory.writes.to(q.dtype)
-            normalizer = scores.sum(-1, keepdim=True) if with_normalizer else None
-        else:
-            out = grouped @ memory.fast_weight.transpose(-1, -2).to(q.dtype)
-            normalizer = grouped @ self.key_sum.unsqueeze(-1).to(q.dtype) if with_normalizer else None
+        out = self.memory.read(grouped)
+        normalizer = grouped @ self.key_sum.unsqueeze(-1).to(q.dtype) if with_normalizer else None
         rows_first = lambda x: x.view(n, H, g, T, -1).transpose(1, 2).reshape(rows, H, T, -1)  # noqa: E731
         return rows_first(out), None if normalizer is None else rows_first(normalizer)
 

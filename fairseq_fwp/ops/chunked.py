@@ -18,8 +18,7 @@ import torch
 
 from .chunked_gated import gated_chunked
 from .chunking import DEFAULT_CHUNK_SIZE, default_chunk_size, from_chunks, to_chunks  # noqa: F401
-from .memory import torch_step_
-from .reference import delta_step, sum_step
+from .protocol import Backend, Kernel
 
 
 def _t(x):
@@ -205,55 +204,31 @@ class _DeltaRuleChunked(torch.autograd.Function):
         return (from_chunks(dQ, T), from_chunks(dK, T), from_chunks(dV, T), db, dS0, None)
 
 
-def fast_weight_sum_chunked(q, k, v, state, chunk_size=None, log_decay=None):
-    """Sum rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros; ``log_decay`` the gated rule's log a_t."""
-    if q.shape[2] == 1:  # decoding: one recurrent step beats any chunking
-        out, W = sum_step(_zeros_if_none(state, q, v), q[:, :, 0], k[:, :, 0], v[:, :, 0], _first(log_decay))
-        return out.unsqueeze(2), W
-    if log_decay is not None:
-        return gated_chunked(q, k, v, None, log_decay, state, chunk_size)
+def fast_weight_sum_chunked(q, k, v, state, chunk_size=None):
+    """Sum rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros."""
     chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
     out, S = _SumRuleChunked.apply(q, k, v, None if state is None else _t(state), chunk)
     return out, _t(S)
 
 
-def fast_weight_delta_chunked(q, k, v, beta, state, chunk_size=None, log_decay=None):
-    """Delta rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros; ``log_decay`` the gated rule's log a_t."""
-    if q.shape[2] == 1:
-        out, W = delta_step(_zeros_if_none(state, q, v), q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0],
-                            _first(log_decay))
-        return out.unsqueeze(2), W
-    if log_decay is not None:
-        return gated_chunked(q, k, v, beta, log_decay, state, chunk_size)
+def fast_weight_delta_chunked(q, k, v, beta, state, chunk_size=None):
+    """Delta rule; ``state`` is W ``[B, H, Dv, D]``, or None for zeros."""
     chunk = min(chunk_size or default_chunk_size(q.shape[-1]), q.shape[2])
     out, S = _DeltaRuleChunked.apply(q, k, v, beta, None if state is None else _t(state), chunk)
     return out, _t(S)
 
 
-def _first(log_decay):
-    """The decay a of the only step, or None."""
-    return None if log_decay is None else log_decay[:, :, 0].exp()
-
-
-def _zeros_if_none(state, q, v):
-    return q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1]) if state is None else state
-
-
-def fast_weight_sum_state_chunked(k, v, state, log_decay=None):
+def fast_weight_sum_state_chunked(k, v, state):
     """Sum rule, final fast weight only: W_T = W_0 + V^T K, one product (autograd)."""
-    if log_decay is not None:  # the gated form's outputs are computed and dropped
-        return fast_weight_sum_chunked(k, k, v, state, log_decay=log_decay)[1]
     W = v.transpose(-1, -2) @ k
     return W if state is None else state + W
 
 
-def fast_weight_delta_state_chunked(k, v, beta, state, chunk_size=None, log_decay=None):
+def fast_weight_delta_state_chunked(k, v, beta, state, chunk_size=None):
     """Delta rule, final fast weight only: the WY recurrence over chunks, no outputs (autograd).
 
     Keeps per chunk what autograd needs of the factors; no per-step state.
     """
-    if log_decay is not None:
-        return fast_weight_delta_chunked(k, k, v, beta, state, log_decay=log_decay)[1]
     chunk = min(chunk_size or default_chunk_size(k.shape[-1]), k.shape[2])
     K, V = to_chunks(k, chunk), to_chunks(v, chunk)
     _, Wk, Uv, _ = _delta_chunk_factors(K, V, to_chunks(beta.unsqueeze(-1), chunk).squeeze(-1))
@@ -264,26 +239,15 @@ def fast_weight_delta_state_chunked(k, v, beta, state, chunk_size=None, log_deca
     return _t(S)
 
 
-# -- the backend protocol (backends.py) -------------------------------------------------
+# -- the kernels of the built-in rules (rules/sum.py, rules/delta.py); decoding: the rules' own steps --
 
-READS_HALF_TYPES = False
-
-
-def unfit_reason(call):
-    return None  # pure torch: any device and dtype
-
-
-def sequence(call, q, k, v, beta, state, log_decay):
-    if call.rule == "sum":
-        return fast_weight_sum_chunked(q, k, v, state, log_decay=log_decay)
-    return fast_weight_delta_chunked(q, k, v, beta, state, log_decay=log_decay)
-
-
-def final_state(call, k, v, beta, state, log_decay):
-    if call.rule == "sum":
-        return fast_weight_sum_state_chunked(k, v, state, log_decay=log_decay)
-    return fast_weight_delta_state_chunked(k, v, beta, state, log_decay=log_decay)
-
-
-def step_(call, memory, q, k, v, beta, log_decay):
-    return torch_step_(memory, q, k, v, beta, log_decay, call.accumulation_dtype)
+BACKEND = Backend("chunked", reads_half_types=False)  # pure torch: any device and dtype
+SUM = Kernel(lambda call, q, k, v, beta, state, log_decay: fast_weight_sum_chunked(q, k, v, state),
+             lambda call, k, v, beta, state, log_decay: fast_weight_sum_state_chunked(k, v, state))
+DELTA = Kernel(lambda call, q, k, v, beta, state, log_decay: fast_weight_delta_chunked(q, k, v, beta, state),
+               lambda call, k, v, beta, state, log_decay: fast_weight_delta_state_chunked(k, v, beta, state))
+# The gated rules' final state: the outputs are computed and dropped.
+GATED_SUM = Kernel(lambda call, q, k, v, beta, state, log_decay: gated_chunked(q, k, v, None, log_decay, state),
+                   lambda call, k, v, beta, state, log_decay: gated_chunked(k, k, v, None, log_decay, state)[1])
+GATED_DELTA = Kernel(lambda call, q, k, v, beta, state, log_decay: gated_chunked(q, k, v, beta, log_decay, state),
+                     lambda call, k, v, beta, state, log_decay: gated_chunked(k, k, v, beta, log_decay, state)[1])

@@ -26,6 +26,7 @@ import subprocess
 import torch
 
 from .errors import BackendUnavailableError
+from .protocol import Backend, Kernel
 
 logger = logging.getLogger(__name__)
 CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
@@ -145,8 +146,6 @@ def launch_fits(extension, D, Dv, dtype, limit):
 
 def unfit_reason(call):
     """Why the csrc kernels cannot run `call` (a backends.Call); None if they can."""
-    if call.gated:
-        return "the csrc kernels have no gated rules (decay)"
     if call.device.type != "cuda":
         return f"the csrc kernels run on CUDA tensors, but the inputs are on {call.device}"
     try:
@@ -207,24 +206,21 @@ def fast_weight_delta_kernel(q, k, v, beta, state, chunk=None):
     return _apply(q, k, v, beta, state, chunk)
 
 
-# -- the backend protocol (backends.py) -------------------------------------------------
+# -- the kernels of the built-in rules (rules/sum.py, rules/delta.py); no gated rules ------------------
 
-READS_HALF_TYPES = True  # the kernels read half types and accumulate in float32
-
-
-def sequence(call, q, k, v, beta, state, log_decay):
-    return _apply(q, k, v, beta, state, None)
-
-
-def final_state(call, k, v, beta, state, log_decay):
-    return _apply(k, k, v, beta, state, None)[1]
+BACKEND = Backend("cuda", reads_half_types=True, unfit_reason=unfit_reason)  # accumulates in float32
 
 
 @torch.no_grad()
-def step_(call, memory, q, k, v, beta, log_decay):
+def _step_(call, memory, q, k, v, beta, log_decay):
     """One step of the kernels (T = 1), its new state copied into the memory's W."""
     W = memory.fast_weight_for(q, v, call.accumulation_dtype)
     one = lambda x: None if x is None else x.unsqueeze(2)  # noqa: E731  one step of a sequence
     out, new = _apply(one(q), one(k), one(v), one(beta), W, None)
     W.copy_(new)
     return out[:, :, 0]
+
+
+# One kernel launch for both rules: beta None is the sum rule.
+SUM = DELTA = Kernel(lambda call, q, k, v, beta, state, log_decay: _apply(q, k, v, beta, state, None),
+                     lambda call, k, v, beta, state, log_decay: _apply(k, k, v, beta, state, None)[1], _step_)

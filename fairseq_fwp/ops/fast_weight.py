@@ -1,5 +1,6 @@
-"""The public fast-weight ops: the sum and delta rules over a sequence, their final states alone,
-and one decoding step. backends.py picks the backend that runs each call.
+"""The public fast-weight ops: an update rule (rules/) over a sequence, its final state alone, and one
+decoding step; fast_weight_sum and fast_weight_delta are the paper's two rules (gated where a decay is
+given). backends.py picks the backend that runs each call.
 
 The ops take already feature-mapped queries and keys and apply no
 normalisation: the paper's Eqs. 17/11 (sum) and 20/24/25 (delta). Half-precision inputs are computed in float32 (the cuda and fla
@@ -17,6 +18,7 @@ import torch
 
 from .backends import Call, resolve
 from .decay import run_with_decay
+from .rules import rule_for, update_rule
 from .validation import check_inputs, check_step_inputs
 
 
@@ -48,11 +50,11 @@ def _needs_grad(*tensors):
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
-def _prepare(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
-    """Picks the backend. Returns (the call, the choice, [q, k, v, beta] in the dtype the backend reads,
-    the state and log_decay in the accumulation dtype (or None))."""
+def _prepare(rule, q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
+    """Picks the backend. Returns (the call, the choice, [q, k, v, beta] as the backend reads them, the state
+    and log_decay in the accumulation dtype (or None))."""
     dtype = _compute_dtype([q, k, v, beta])
-    call = Call.of(q, v, beta, log_decay, dtype, needs_grad)
+    call = Call.of(rule, q, v, dtype, needs_grad)
     choice = resolve(backend, call)
     if on_choice is not None:
         on_choice(choice)
@@ -65,7 +67,7 @@ def _rounded(tensors, call, choice):
     """The inputs as the backend reads them: rounded to the dtype they are computed in (under autocast
     its dtype), then in the accumulation dtype unless the backend reads half types itself. The sequence
     ops and the decoding step round alike, so that decoding token by token equals a full forward."""
-    computed = call.dtype if choice.backend.READS_HALF_TYPES else call.accumulation_dtype
+    computed = call.dtype if choice.backend.reads_half_types else call.accumulation_dtype
 
     def rounded(x):
         if x is None:
@@ -80,39 +82,65 @@ def _zero_state(k, v, dtype):
     return k.new_zeros(*k.shape[:2], v.shape[-1], k.shape[-1], dtype=accumulation_dtype(dtype))
 
 
-def _run(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
-    call, choice, (q, k, v, beta), state, log_decay = _prepare(q, k, v, beta, state, log_decay, backend, on_choice,
-                                                               needs_grad)
+def _run(rule, q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
+    call, choice, (q, k, v, beta), state, log_decay = _prepare(rule, q, k, v, beta, state, log_decay, backend,
+                                                               on_choice, needs_grad)
     if call.T == 0:
         return v.new_zeros(v.shape, dtype=call.dtype), _zero_state(k, v, call.dtype) if state is None else state
     with torch.autocast(q.device.type, enabled=False):  # the backends choose their own precision
-        out, W = choice.backend.sequence(call, q, k, v, beta, state, log_decay)
+        out, W = choice.kernel.sequence(call, q, k, v, beta, state, log_decay)
     return out.to(call.dtype), W
 
 
-def _run_state(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
+def _run_state(rule, q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
     """As _run, the final state only (q is not read)."""
-    call, choice, (_, k, v, beta), state, log_decay = _prepare(k, k, v, beta, state, log_decay, backend, on_choice,
-                                                               needs_grad)
+    call, choice, (_, k, v, beta), state, log_decay = _prepare(rule, k, k, v, beta, state, log_decay, backend,
+                                                               on_choice, needs_grad)
     if call.T == 0:
         return _zero_state(k, v, call.dtype) if state is None else state
     with torch.autocast(k.device.type, enabled=False):
-        return choice.backend.final_state(call, k, v, beta, state, log_decay)
+        return choice.kernel.final_state(call, k, v, beta, state, log_decay)
 
 
-def _checked_call(run, q, k, v, beta, state, decay, log_decay, backend, on_choice):
+def _check_rule_inputs(rule, beta, gated):
+    """What `rule` takes: beta where it has a write strength, a decay where it is gated."""
+    if rule.write_strength != (beta is not None):
+        raise ValueError(f"the update rule {rule.name!r} " + ("needs beta" if rule.write_strength else
+                                                             "takes no beta"))
+    if rule.decay != gated:
+        raise ValueError(f"the update rule {rule.name!r} " + ("needs a decay (decay= or log_decay=)" if rule.decay
+                                                             else "takes no decay"))
+
+
+def _checked_call(run, rule, q, k, v, beta, state, decay, log_decay, backend, on_choice):
     """Checks the inputs, then run(...) with the gate as its log (decay.py: exact gradients at a = 0).
 
     Whether the call needs gradients is decided here, once: decay.py may run the forward without
     autograd and the backward in a second pass, and both must pick the backend a training call gets
     (one with a backward pass), never one that would fail, or differ, in backward()."""
     check_inputs(q, k, v, beta, state, decay, log_decay)
+    rule = update_rule(rule) if rule is not None else rule_for(beta, decay if decay is not None else log_decay)
+    _check_rule_inputs(rule, beta, decay is not None or log_decay is not None)
     needs_grad = _needs_grad(q, k, v, beta, state, decay, log_decay)
     if decay is None:
-        return run(q, k, v, beta, state, log_decay, backend, on_choice, needs_grad)
+        return run(rule, q, k, v, beta, state, log_decay, backend, on_choice, needs_grad)
     decay = decay.to(accumulation_dtype(_compute_dtype([q, k, v, beta])))
-    return run_with_decay(lambda log, *tensors: run(*tensors, log, backend, on_choice, needs_grad), decay,
+    return run_with_decay(lambda log, *tensors: run(rule, *tensors, log, backend, on_choice, needs_grad), decay,
                           (q, k, v, beta, state))
+
+
+def fast_weight(rule, q, k, v, beta=None, state=None, *, decay=None, log_decay=None, backend="auto",
+                on_choice=None):
+    """Any registered update rule (rules/) over a sequence: fast_weight_sum and fast_weight_delta are the
+    built-ins. rule: its name (--fwp-update-rule's value); the other arguments and the result as in
+    fast_weight_delta (beta where the rule has a write strength, a decay where it is gated)."""
+    return _checked_call(_run, rule, q, k, v, beta, state, decay, log_decay, backend, on_choice)
+
+
+def fast_weight_state(rule, k, v, beta=None, state=None, *, decay=None, log_decay=None, backend="auto",
+                      on_choice=None):
+    """Any registered update rule's final fast weight alone; see fast_weight and fast_weight_sum_state."""
+    return _checked_call(_run_state, rule, k, k, v, beta, state, decay, log_decay, backend, on_choice)
 
 
 def fast_weight_sum_state(k, v, state=None, *, decay=None, log_decay=None, backend="auto", on_choice=None):
@@ -122,12 +150,12 @@ def fast_weight_sum_state(k, v, state=None, *, decay=None, log_decay=None, backe
     synthetic retrieval, or a prompt carried into decoding): no per-step
     outputs are computed. Arguments and gradients as fast_weight_sum.
     """
-    return _checked_call(_run_state, k, k, v, None, state, decay, log_decay, backend, on_choice)
+    return _checked_call(_run_state, None, k, k, v, None, state, decay, log_decay, backend, on_choice)
 
 
 def fast_weight_delta_state(k, v, beta, state=None, *, decay=None, log_decay=None, backend="auto", on_choice=None):
     """The delta rule's final fast weight alone (Eqs. 20, 24); see fast_weight_sum_state."""
-    return _checked_call(_run_state, k, k, v, beta, state, decay, log_decay, backend, on_choice)
+    return _checked_call(_run_state, None, k, k, v, beta, state, decay, log_decay, backend, on_choice)
 
 
 def fast_weight_sum(q, k, v, state=None, *, decay=None, log_decay=None, backend="auto", on_choice=None):
@@ -153,7 +181,7 @@ def fast_weight_sum(q, k, v, state=None, *, decay=None, log_decay=None, backend=
     step (testing only); ``chunked`` only the inputs; ``cuda`` the inputs and
     one ``Dv x D`` state per 16 steps.
     """
-    return _checked_call(_run, q, k, v, None, state, decay, log_decay, backend, on_choice)
+    return _checked_call(_run, None, q, k, v, None, state, decay, log_decay, backend, on_choice)
 
 
 def fast_weight_delta(q, k, v, beta, state=None, *, decay=None, log_decay=None, backend="auto", on_choice=None):
@@ -184,22 +212,24 @@ def fast_weight_delta(q, k, v, beta, state=None, *, decay=None, log_decay=None, 
     inputs, one ``Dv x D`` state per 16 steps and the pseudo-values
     ``beta_t (v_t - vbar_t)`` (the size of v).
     """
-    return _checked_call(_run, q, k, v, beta, state, decay, log_decay, backend, on_choice)
+    return _checked_call(_run, None, q, k, v, beta, state, decay, log_decay, backend, on_choice)
 
 
 @torch.no_grad()
-def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, backend="auto", on_choice=None):
+def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, rule=None, backend="auto", on_choice=None):
     """One decoding step of every row, through the backend that `backend` resolves to (as training's calls).
 
-    memory: a memory.Memory (W, or its factors, or empty), advanced in place; q, k ``[B, H, D]``,
-    v ``[B, H, Dv]``, beta and log_decay ``[B, H]`` or None (the sum rule; the paper's rules). The query
+    memory: a memory.Memory (W, or its factors, or empty), advanced in place, which keeps the backend chosen
+    for its steps; q, k ``[B, H, D]``, v ``[B, H, Dv]``, beta and log_decay ``[B, H]`` or None; rule: a
+    registered rule's name (None: the built-in of beta and log_decay, as fast_weight_sum/delta). The query
     reads the memory after the token's write (Eqs. 11, 25). Inputs are rounded, and the output ``[B, H, Dv]``
     returned, in the dtype the inputs are computed in, as by the sequence ops (under autocast its dtype);
     the memory stays in the accumulation dtype (float32, or float64).
     """
     check_step_inputs(q, k, v, beta, log_decay)
+    rule = update_rule(rule) if rule is not None else rule_for(beta, log_decay)
     dtype = _compute_dtype([q, k, v, beta])
-    call = Call.of(q, v, beta, log_decay, dtype, needs_grad=False)
+    call = Call.of(rule, q, v, dtype, needs_grad=False)
     choice = memory.backend_for(backend, call, resolve)
     if on_choice is not None:
         on_choice(choice)
@@ -208,5 +238,5 @@ def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, backend="au
     autocast_off = torch.autocast(q.device.type, enabled=False) if torch.is_autocast_enabled(q.device.type) \
         else contextlib.nullcontext()
     with autocast_off:
-        out = choice.backend.step_(call, memory, q, k, v, beta, log_decay)
+        out = choice.kernel.step_(call, memory, q, k, v, beta, log_decay)
     return out if out.dtype == dtype else out.to(dtype)

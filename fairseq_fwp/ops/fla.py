@@ -29,6 +29,7 @@ import os
 import torch
 
 from .errors import BackendUnavailableError
+from .protocol import Backend, Kernel, fits
 
 MAX_FEATURES = 256  # chunk_delta_rule's largest head size
 # fla's g for a full forget (log a = -inf): exp of it is exactly 0 in float32 (below 2^-149), and no
@@ -77,8 +78,6 @@ def unfit_reason(call):
         return "Triton's interpreter computes fla's bfloat16 chunk kernels wrongly (silently): use float16 or float32"
     if call.D > MAX_FEATURES:
         return f"fla takes feature sizes D <= {MAX_FEATURES}, got D = {call.D}"
-    if call.gated and call.rule == "delta" and call.needs_grad and form == "recurrent":
-        return "fla's recurrent gated delta rule (float32, or one step) has no backward pass"
     try:
         kernels()
     except BackendUnavailableError as err:
@@ -110,10 +109,11 @@ def _initial_state(state, inputs):
 
 
 def _run(rule, q, k, v, beta, state, log_decay):
+    """fla's kernel for `rule` ("sum", "delta", "gated-sum" or "gated-delta") and the inputs' dtype and length."""
     to_fla = lambda x: x.transpose(1, 2)  # noqa: E731  [B, H, T, ...] <-> [B, T, H, ...]
     options = {} if beta is None else {"beta": to_fla(beta)}
     if log_decay is not None:  # fla's g is log a
-        rule, options["g"] = "gated-" + rule, to_fla(log_decay.clamp_min(LOG_FULL_FORGET))
+        options["g"] = to_fla(log_decay.clamp_min(LOG_FULL_FORGET))
     kernel = kernels()[rule, kernel_form(q.dtype, q.shape[2])]
     initial = _initial_state(state, [x for x in (q, k, v, beta, log_decay) if x is not None])
     out, final = kernel(to_fla(q), to_fla(k), to_fla(v), scale=1.0, initial_state=initial, output_final_state=True,
@@ -121,25 +121,33 @@ def _run(rule, q, k, v, beta, state, log_decay):
     return to_fla(out), final.transpose(-1, -2)
 
 
-# -- the backend protocol (backends.py) -------------------------------------------------
+# -- the kernels of the built-in rules (rules/sum.py, rules/delta.py) ------------------------------
 
-READS_HALF_TYPES = True  # the kernels read half types and accumulate in float32
-
-
-def sequence(call, q, k, v, beta, state, log_decay):
-    return _run(call.rule, q, k, v, beta, state, log_decay)
+BACKEND = Backend("fla", reads_half_types=True, unfit_reason=unfit_reason)  # accumulates in float32
 
 
-def final_state(call, k, v, beta, state, log_decay):
-    """fla has no state-only kernels: the full ones, with the keys as queries and the outputs dropped."""
-    return _run(call.rule, k, k, v, beta, state, log_decay)[1]
+def _no_recurrent_backward(call):
+    if call.needs_grad and kernel_form(call.dtype, call.T) == "recurrent":
+        return "fla's recurrent gated delta rule (float32, or one step) has no backward pass"
+    return None
 
 
-@torch.no_grad()
-def step_(call, memory, q, k, v, beta, log_decay):
-    """One step of the recurrent kernel (T = 1), its new state copied into the memory's W."""
-    W = memory.fast_weight_for(q, v, call.accumulation_dtype)
-    one = lambda x: None if x is None else x.unsqueeze(2)  # noqa: E731  one step of a sequence
-    out, new = _run(call.rule, one(q), one(k), one(v), one(beta), W, one(log_decay))
-    W.copy_(new)
-    return out[:, :, 0]
+def _kernel(rule, unfit=fits):
+    """fla's kernels for a built-in rule; the final state alone runs the full kernels with the keys as
+    queries, the outputs dropped (fla has no state-only kernels); a decoding step runs the recurrent kernel
+    (T = 1) and copies its new state into the memory's W."""
+    @torch.no_grad()
+    def step_(call, memory, q, k, v, beta, log_decay):
+        W = memory.fast_weight_for(q, v, call.accumulation_dtype)
+        one = lambda x: None if x is None else x.unsqueeze(2)  # noqa: E731  one step of a sequence
+        out, new = _run(rule, one(q), one(k), one(v), one(beta), W, one(log_decay))
+        W.copy_(new)
+        return out[:, :, 0]
+
+    return Kernel(lambda call, q, k, v, beta, state, log_decay: _run(rule, q, k, v, beta, state, log_decay),
+                  lambda call, k, v, beta, state, log_decay: _run(rule, k, k, v, beta, state, log_decay)[1],
+                  step_, unfit)
+
+
+SUM, DELTA, GATED_SUM = _kernel("sum"), _kernel("delta"), _kernel("gated-sum")
+GATED_DELTA = _kernel("gated-delta", _no_recurrent_backward)

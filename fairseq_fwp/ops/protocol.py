@@ -1,0 +1,42 @@
+"""What a backend is, and how it runs one update rule (backends.py picks them; rules/ declare kernels)."""
+import dataclasses
+from typing import Callable
+
+
+def fits(call):
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A named place to run the ops."""
+
+    name: str
+    reads_half_types: bool  # takes float16/bfloat16 inputs as they are (else it gets the accumulation dtype)
+    unfit_reason: Callable = fits  # (call) -> why it cannot run the call (device, dtype, installation), or None
+
+
+def rule_step_(call, memory, q, k, v, beta, log_decay):
+    """The rule's own step (rules/), on the decoder's memory in place: pure torch, on any device."""
+    memory.start_(k, v, call.accumulation_dtype)
+    decay = None if log_decay is None else log_decay.to(call.accumulation_dtype).exp()
+    return call.rule.step(memory, q, k, v, beta, decay)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """How one backend runs one update rule:
+
+        sequence(call, q, k, v, beta, state, log_decay) -> (out, W)   the rule over a sequence, with gradients
+        final_state(call, k, v, beta, state, log_decay) -> W          the final fast weight alone
+        step_(call, memory, q, k, v, beta, log_decay) -> out          one decoding step, advancing `memory`
+                                                                       (memory.Memory) in place; by default
+                                                                       the rule's own step on it
+        unfit_reason(call) -> str or None                              why this kernel cannot run the call,
+                                                                       beyond its backend's reasons
+    """
+
+    sequence: Callable
+    final_state: Callable
+    step_: Callable = rule_step_
+    unfit_reason: Callable = fits
