@@ -20,7 +20,13 @@
    that runs on every rank before it does. Before each save, every rank now
    calls the task's ``prepare_checkpoint(trainer)`` where it has one:
    fwp_stream_lm gathers every rank's carried streams there.
+5. fairseq parses --help before it adds the options of --arch and --task, so
+   ``fairseq-train --arch fwp_... --help`` never listed the --fwp-* flags
+   (nor any model's). The plugin loads before that parsing (fairseq imports
+   --user-dir when it builds the parser): the parser's help then waits for
+   the last parse, when every option is there.
 """
+import argparse
 import functools
 import importlib.util
 import sys
@@ -127,7 +133,37 @@ def _patch_checkpoint_saving():
     checkpoint_utils.save_checkpoint = save_checkpoint
 
 
+class _HelpWithEveryOption(argparse._HelpAction):
+    """--help that lets fairseq's first parse pass (model and task options not added yet) and prints at the
+    next one."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not getattr(self, "_fwp_deferred", False):
+            self._fwp_deferred = True
+            return
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _patch_help_to_list_every_option():
+    from fairseq import options
+
+    original = options.parse_args_and_arch
+    if getattr(original, "_fwp_helps_with_every_option", False):
+        return
+
+    @functools.wraps(original)
+    def parse_args_and_arch(parser, *args, **kwargs):
+        for action in parser._actions:
+            if type(action) is argparse._HelpAction:
+                action.__class__ = _HelpWithEveryOption
+        return original(parser, *args, **kwargs)
+
+    parse_args_and_arch._fwp_helps_with_every_option = True
+    options.parse_args_and_arch = parse_args_and_arch
+
+
 def apply():
+    _patch_help_to_list_every_option()
     _patch_checkpoint_loading()
     _patch_checkpoint_saving()
     _patch_batch_by_size()
