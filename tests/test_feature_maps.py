@@ -144,7 +144,7 @@ def test_performer_rejects_bad_num_features():
 def test_unknown_feature_map_lists_choices():
     with pytest.raises(ValueError, match="linear, performer, dpfp, silu"):
         build_feature_map("relu", 8)
-    assert tuple(FEATURE_MAPS) == ("linear", "performer", "dpfp", "silu")
+    assert tuple(FEATURE_MAPS)[:4] == ("linear", "performer", "dpfp", "silu")  # then any a --user-dir registered
 
 
 def test_silu_and_l2_normalisation():
