@@ -60,26 +60,32 @@ def _patch_checkpoint_loading():
     distributed_utils.torch = proxy
 
 
+def _replace(owner, name, make):
+    """owner.name = make(original) (wrapped as the original), once: loading the plugin again changes nothing."""
+    original = getattr(owner, name)
+    if getattr(original, "_fwp_replaced", False):
+        return
+    replacement = functools.wraps(original)(make(original))
+    replacement._fwp_replaced = True
+    setattr(owner, name, replacement)
+
+
 def _patch_batch_by_size():
     from fairseq.data import data_utils
 
-    original = data_utils.batch_by_size
-    if getattr(original, "_fwp_keeps_last_batch", False):
-        return
+    def make(original):
+        def batch_by_size(indices, *args, **kwargs):
+            batches = original(indices, *args, **kwargs)
+            indices = np.fromiter(indices, dtype=np.int64) if not isinstance(indices, np.ndarray) else indices
+            batched = sum(len(b) for b in batches)
+            if batched < len(indices):
+                kept = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
+                dropped = indices[~np.isin(indices, kept)]
+                batches = list(batches) + [dropped]
+            return batches
+        return batch_by_size
 
-    @functools.wraps(original)
-    def batch_by_size(indices, *args, **kwargs):
-        batches = original(indices, *args, **kwargs)
-        indices = np.fromiter(indices, dtype=np.int64) if not isinstance(indices, np.ndarray) else indices
-        batched = sum(len(b) for b in batches)
-        if batched < len(indices):
-            kept = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
-            dropped = indices[~np.isin(indices, kept)]
-            batches = list(batches) + [dropped]
-        return batches
-
-    batch_by_size._fwp_keeps_last_batch = True
-    data_utils.batch_by_size = batch_by_size
+    _replace(data_utils, "batch_by_size", make)
 
 
 CLI_MODULES = ("fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.eval_lm", "fairseq_cli.validate",
@@ -100,37 +106,31 @@ def _cli_modules():
 def _patch_bf16_without_tpu():
     if importlib.util.find_spec("torch_xla") is not None:
         return  # a TPU machine: fairseq's own behaviour
-    for module in _cli_modules():
-        convert = getattr(module, "convert_namespace_to_omegaconf", None)
-        if convert is None or getattr(convert, "_fwp_bf16_without_tpu", False):
-            continue
 
-        @functools.wraps(convert)
-        def convert_keeping_bf16_off_tpu(args, convert=convert):
+    def make(convert):
+        def convert_keeping_bf16_off_tpu(args):
             if getattr(args, "bf16", False):
                 args.tpu = False
             return convert(args)
+        return convert_keeping_bf16_off_tpu
 
-        convert_keeping_bf16_off_tpu._fwp_bf16_without_tpu = True
-        module.convert_namespace_to_omegaconf = convert_keeping_bf16_off_tpu
+    for module in _cli_modules():
+        if hasattr(module, "convert_namespace_to_omegaconf"):
+            _replace(module, "convert_namespace_to_omegaconf", make)
 
 
 def _patch_checkpoint_saving():
     from fairseq import checkpoint_utils
 
-    original = checkpoint_utils.save_checkpoint
-    if getattr(original, "_fwp_prepares_the_task", False):
-        return
+    def make(original):
+        def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
+            prepare = getattr(trainer.task, "prepare_checkpoint", None)
+            if prepare is not None and not cfg.no_save:
+                prepare(trainer)
+            return original(cfg, trainer, epoch_itr, val_loss)
+        return save_checkpoint
 
-    @functools.wraps(original)
-    def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
-        prepare = getattr(trainer.task, "prepare_checkpoint", None)
-        if prepare is not None and not cfg.no_save:
-            prepare(trainer)
-        return original(cfg, trainer, epoch_itr, val_loss)
-
-    save_checkpoint._fwp_prepares_the_task = True
-    checkpoint_utils.save_checkpoint = save_checkpoint
+    _replace(checkpoint_utils, "save_checkpoint", make)
 
 
 class _HelpWithEveryOption(argparse._HelpAction):
@@ -147,19 +147,15 @@ class _HelpWithEveryOption(argparse._HelpAction):
 def _patch_help_to_list_every_option():
     from fairseq import options
 
-    original = options.parse_args_and_arch
-    if getattr(original, "_fwp_helps_with_every_option", False):
-        return
+    def make(original):
+        def parse_args_and_arch(parser, *args, **kwargs):
+            for action in parser._actions:
+                if type(action) is argparse._HelpAction:
+                    action.__class__ = _HelpWithEveryOption
+            return original(parser, *args, **kwargs)
+        return parse_args_and_arch
 
-    @functools.wraps(original)
-    def parse_args_and_arch(parser, *args, **kwargs):
-        for action in parser._actions:
-            if type(action) is argparse._HelpAction:
-                action.__class__ = _HelpWithEveryOption
-        return original(parser, *args, **kwargs)
-
-    parse_args_and_arch._fwp_helps_with_every_option = True
-    options.parse_args_and_arch = parse_args_and_arch
+    _replace(options, "parse_args_and_arch", make)
 
 
 def apply():

@@ -3,14 +3,13 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_vaswani_wmt_en_de_big
 
-from ..modules.backend_log import share_backend_log
-from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder, FastWeightTransformerEncoder
+from .fast_weight_model import FastWeightModel
 from .fwp_config import add_fwp_args, set_fwp_defaults, transformer_config, validate
 
 
 @register_model("fwp_transformer")
-class FastWeightTransformerModel(TransformerModel):
+class FastWeightTransformerModel(FastWeightModel, TransformerModel):
     """--fwp-feature-map softmax gives the unmodified Transformer, as a baseline in the same model."""
 
     @classmethod
@@ -18,16 +17,9 @@ class FastWeightTransformerModel(TransformerModel):
         super().add_args(parser)
         add_fwp_args(parser)
 
-    def forward(self, *args, **kwargs):
-        if self.training:
-            start_training_step(self)  # random features: once per model forward, not per layer call
-        return super().forward(*args, **kwargs)
-
     @classmethod
     def build_model(cls, args, task):
-        model = super().build_model(args, task)
-        share_backend_log(model)
-        return model
+        return cls.finish(super().build_model(args, task))
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -10,9 +10,8 @@ from fairseq.models.transformer_lm import (
     base_lm_architecture,
 )
 
-from ..modules.backend_log import share_backend_log
-from ..modules.feature_maps import start_training_step
 from ..modules.transformer_layers import FastWeightTransformerDecoder
+from .fast_weight_model import FastWeightModel
 from .fwp_config import ON_OFF, FastWeightConfig, finish_parser, set_fwp_defaults, transformer_config, validate
 
 logger = logging.getLogger(__name__)
@@ -25,16 +24,11 @@ class FastWeightLanguageModelConfig(TransformerLanguageModelConfig, FastWeightCo
 
 
 @register_model("fwp_transformer_lm", dataclass=FastWeightLanguageModelConfig)
-class FastWeightTransformerLanguageModel(TransformerLanguageModel):
+class FastWeightTransformerLanguageModel(FastWeightModel, TransformerLanguageModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         finish_parser(parser)
-
-    def forward(self, *args, **kwargs):
-        if self.training:
-            start_training_step(self)  # random features: once per model forward, not per layer call
-        return super().forward(*args, **kwargs)
 
     @classmethod
     def build_model(cls, args, task):
@@ -47,9 +41,7 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
         embed_tokens = super().build_model(args, task).decoder.embed_tokens
         decoder = FastWeightTransformerDecoder(transformer_config(args), plan, task.target_dictionary, embed_tokens,
                                                no_encoder_attn=True)
-        model = cls(decoder)
-        share_backend_log(model)
-        return model
+        return cls.finish(cls(decoder))
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         drop_normformer_modules_not_in(self, state_dict)
