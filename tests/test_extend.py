@@ -61,3 +61,42 @@ def test_fairseq_train_and_generate_run_the_extension(corpora, tmp_path):
     assert "num_updates 20" in log or "num_updates=20" in log
     output = generate(corpora["mt"], tmp_path / "checkpoint_last.pt", "--user-dir", USER_DIR)
     assert len(re.findall(r"^H-\d+", output, flags=re.M)) == 43  # every test sentence, at beam 4
+
+
+def test_the_users_rule_carries_its_state_across_segments_and_through_a_checkpoint():
+    """A language model with the user's map and rule (reference only): segments carried one into the next
+    compute what one long forward computes, and the carried state survives a state dict."""
+    from fairseq import options
+
+    from fairseq_fwp.models.fwp_transformer_lm import FastWeightTransformerLanguageModel
+    from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "/nonexistent-data", "--task", "language_modeling", "--arch", "fwp_lm_tiny", "--user-dir", USER_DIR,
+        "--fwp-feature-map", "hedgehog", "--fwp-update-rule", "longhorn", "--dropout", "0"])
+    d = toy_dictionary()
+    torch.manual_seed(0)
+    task = types.SimpleNamespace(source_dictionary=d, target_dictionary=d)
+    model = FastWeightTransformerLanguageModel.build_model(args, task).eval()
+    layers = [m for m in model.modules() if isinstance(m, FastWeightAttention)]
+    tokens = random_tokens(d, [13, 13], left_pad=False)
+    with torch.no_grad():
+        whole, _ = model(tokens)
+        for layer in layers:
+            layer.enable_carry_over()
+        pieces = []
+        for position, (a, b) in enumerate(((0, 5), (5, 13))):
+            for layer in layers:
+                layer.start_segment(position, False)
+            pieces.append(model(tokens[:, a:b])[0])
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-5, atol=1e-5)
+    model.train()
+    for layer in layers:
+        layer.start_segment(0, True)
+    model(tokens)
+    restored = FastWeightTransformerLanguageModel.build_model(args, task)
+    for layer in (m for m in restored.modules() if isinstance(m, FastWeightAttention)):
+        layer.enable_carry_over()
+    restored.load_state_dict(model.state_dict())
+    saved, loaded = layers[0].streams.last(True), restored.decoder.layers[0].self_attn.streams.last(True)
+    torch.testing.assert_close(loaded.memory.materialized(), saved.memory.materialized())
