@@ -11,7 +11,9 @@ model is built from it, every parameter it shares with the softmax checkpoint
 (embeddings, projections, feed-forward layers, norms: the same names in both)
 is copied, and the new ones (the delta rule's beta projection, decay and
 output gates, short convolutions, random features) are initialised afresh
-(a new parameter outside the fast-weight attentions stops the conversion):
+(a new parameter outside the fast-weight attentions stops the conversion);
+DeltaProduct's N key and value projections start as N copies of the
+softmax ones, its extra writes with beta near 0:
 by default (``--added-modules ungated``) decay gates at a_t = exp(-1e-4) and
 short convolutions as identities (FastWeightAttention.start_as_ungated), so
 that the converted model starts as its softmax source's nearest fast-weight
@@ -87,6 +89,7 @@ def transfer(source, target):
             if not name.endswith(NOT_PARAMETERS):
                 unplaced.append(name)
             continue
+        value = _per_write(name, value, target[name])
         if tuple(value.shape) != tuple(target[name].shape):
             raise ValueError(f"parameter {name}: the softmax checkpoint has shape {tuple(value.shape)}, "
                              f"the fast-weight model {tuple(target[name].shape)}; convert between models of "
@@ -109,6 +112,16 @@ def check_only_attentions_are_fresh(model, fresh):
                          f"belong to no fast-weight attention: {', '.join(outside)} (an option the softmax model "
                          "was trained without, e.g. NormFormer's --scale-attn, --scale-fc, --scale-heads, "
                          "--scale-resids? give the softmax model's options after --)")
+
+
+def _per_write(name, value, target):
+    """DeltaProduct's N keys and values per token: its key and value projections, N times the softmax
+    projections' size, start as N copies of them (the extra writes then start with beta near 0:
+    FastWeightAttention.start_as_ungated)."""
+    stacked = name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"))
+    if stacked and value.dim() and target.shape[1:] == value.shape[1:] and target.shape[0] % value.shape[0] == 0:
+        return value.repeat(target.shape[0] // value.shape[0], *([1] * (value.dim() - 1)))
+    return value
 
 
 ADDED_MODULES = ("ungated", "fresh")

@@ -224,3 +224,25 @@ def test_every_backends_decoding_step_returns_the_dtype_it_computes_in(dtype):
     assert {out.dtype for out in outs.values()} == {dtype}, {name: out.dtype for name, out in outs.items()}
     for out in outs.values():
         torch.testing.assert_close(out.float(), outs["reference"].float(), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_deltaproduct_chunk_kernel_float16(gated, with_state):
+    """fla's chunk_gated_delta_product (N = 2 writes per token, beta in (0, 2)), interleaved as ours, against
+    the float64 recurrence; float32 and decoding steps have no fla kernel and are refused."""
+    from test_delta_product import outputs_and_grads as product_grads
+    from test_delta_product import product_inputs, recurrence
+
+    from fairseq_fwp.ops import fast_weight_delta_product
+
+    inputs = product_inputs(1, 2, 37, 2, 16, 8, with_state=with_state, gated=gated, dtype=torch.float32)
+    half = [None if x is None else x.detach().to(torch.float16 if i < 4 else torch.float32).requires_grad_()
+            for i, x in enumerate(inputs)]
+    got = product_grads(lambda *x: fast_weight_delta_product(*x[:5], log_decay=x[5], backend="fla"), half)
+    wide = [None if x is None else x.detach().double().requires_grad_() for x in half]
+    want = product_grads(recurrence, wide)
+    errors = relative_errors(got, want)
+    assert got["out"].dtype == torch.float16 and max(errors.values()) < 5e-3, errors
+    with pytest.raises(BackendUnavailableError, match="DeltaProduct's chunkwise kernel only"):
+        fast_weight_delta_product(*[None if x is None else x.detach() for x in inputs[:5]], backend="fla")

@@ -27,6 +27,10 @@ VARIANTS = {
     "output-gate": ["--fwp-output-gate", "on"],
     "hybrid": ["--fwp-update-rule", "delta", "--fwp-softmax-layers", "1"],
     "gated-deltanet": GATED_DELTA_NET,
+    "negative-eigenvalues": ["--fwp-update-rule", "delta", "--fwp-negative-eigenvalues", "on", "--fwp-attn-norm", "off"],
+    "deltaproduct-2": ["--fwp-update-rule", "delta", "--fwp-householder-steps", "2", "--fwp-negative-eigenvalues",
+                       "on", "--fwp-attn-norm", "off", "--fwp-short-conv", "3"],
+    "gated-deltaproduct-3": GATED_DELTA_NET + ["--fwp-householder-steps", "3", "--fwp-negative-eigenvalues", "on"],
 }
 
 
@@ -112,7 +116,7 @@ def test_decoding_equals_full_forward_with_beam_reorders(name):
     torch.testing.assert_close(torch.stack(got, 1), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gated-delta", "short-conv-delta", "gated-deltanet"])
+@pytest.mark.parametrize("name", ["gated-delta", "short-conv-delta", "gated-deltanet", "deltaproduct-2"])
 def test_left_padding_changes_nothing(name):
     model, d = build_lm_model(*VARIANTS[name])
     tokens = random_tokens(d, [9], left_pad=False)
@@ -123,7 +127,8 @@ def test_left_padding_changes_nothing(name):
     torch.testing.assert_close(shifted[:, 4:], plain, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gated-delta", "gated-sum-logsigmoid", "short-conv-delta", "gated-deltanet"])
+@pytest.mark.parametrize("name", ["gated-delta", "gated-sum-logsigmoid", "short-conv-delta", "gated-deltanet",
+                                  "gated-deltaproduct-3"])
 def test_carried_segments_equal_one_long_forward(name):
     model, d = build_lm_model(*VARIANTS[name])
     tokens = random_tokens(d, [17, 17], left_pad=False)
@@ -215,3 +220,37 @@ def test_started_as_ungated_the_gate_and_convolution_change_almost_nothing(form)
     assert changed > 0.05  # as initialised for training from scratch, the new parts change the layer
     torch.testing.assert_close(log_a, torch.full_like(log_a, -1e-4), rtol=1e-3, atol=0)
     assert (got - want).norm() / want.norm() < 3e-3  # 40 steps: writes are 20 steps old on average
+
+
+def test_deltaproduct_layers_train_and_write_beta_in_0_2():
+    """--fwp-householder-steps 3 --fwp-negative-eigenvalues on: three key, value and strength projections
+    per token, every parameter gets a gradient, and beta lies in (0, 2)."""
+    model, d = build_lm_model(*VARIANTS["gated-deltaproduct-3"])
+    attention = model.decoder.layers[0].self_attn
+    assert attention.options.update_rule == "gated-delta-product"
+    assert attention.k_proj.out_features == attention.v_proj.out_features == 3 * 64
+    assert attention.beta_proj.out_features == 3 * 4
+    model.train()
+    tokens = random_tokens(d, [12, 12], left_pad=False)
+    loss = -model.get_normalized_probs(model(tokens), log_probs=True).mean()
+    loss.backward()
+    assert not [n for n, p in model.named_parameters() if p.grad is None] and math.isfinite(loss.item())
+    with torch.no_grad():
+        attention.beta_proj.bias.fill_(20.0)
+        beta, _ = attention._gates(torch.randn(5, 2, 64), None)
+    assert beta.shape == (2, 4, 5, 3) and beta.max() > 1.99
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fwp-update-rule", "sum", "--fwp-negative-eigenvalues", "on"],
+     "--fwp-update-rule sum with --fwp-negative-eigenvalues on: negative eigenvalues are for rules whose writes"),
+    (["--fwp-update-rule", "delta", "--fwp-negative-eigenvalues", "on", "--fwp-attn-norm", "on"],
+     r"--fwp-negative-eigenvalues on with --fwp-attn-norm on .*: attention normalisation's retrieval \(Eqs. 26-28\)"),
+    (["--fwp-update-rule", "gated-sum", "--fwp-householder-steps", "2"],
+     "--fwp-update-rule gated-sum with --fwp-householder-steps 2: several writes per token are DeltaProduct's"),
+    (["--fwp-update-rule", "delta", "--fwp-householder-steps", "2", "--fwp-attn-norm", "on"],
+     "--fwp-householder-steps 2 with --fwp-attn-norm on .*: attention normalisation .* sums one key per token"),
+])
+def test_what_does_not_combine_with_negative_eigenvalues_or_deltaproduct_is_refused(flags, message):
+    with pytest.raises(ValueError, match=message):
+        build_translation_model(*flags)

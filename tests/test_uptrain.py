@@ -259,3 +259,27 @@ def test_normformers_parameters_are_converted_or_refused_by_name(corpora, tmp_pa
     with pytest.raises(ValueError, match=r"no value for these parameters .*: decoder\.layers\.0\.c_attn, "
                                          r"decoder\.layers\.0\.w_resid, decoder\.layers\.0\.attn_ln\.weight"):
         convert(str(tmp_path / "plain" / "checkpoint_last.pt"), str(tmp_path / "x.pt"), base + NORMFORMER)
+
+
+def test_deltaproducts_extra_writes_start_as_copies_with_beta_near_zero():
+    """Converted into DeltaProduct (N = 2): the key and value projections are two copies of the softmax
+    ones, and started as ungated the second write's beta is sigmoid(-10): the layer starts as the delta rule
+    it extends (to 1e-4)."""
+    from fairseq_fwp.modules.attention_options import AttentionOptions
+    from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
+
+    torch.manual_seed(0)
+    delta = FastWeightAttention(AttentionOptions(32, 2, update_rule="delta")).eval()
+    product = FastWeightAttention(AttentionOptions(32, 2, update_rule="delta-product", householder_steps=2)).eval()
+    softmax_like = {name: x for name, x in delta.state_dict().items() if not name.startswith("beta_proj")}
+    state, fresh = transfer(softmax_like, product.state_dict())
+    assert fresh == ["beta_proj.weight", "beta_proj.bias"]
+    assert torch.equal(state["k_proj.weight"], delta.k_proj.weight.detach().repeat(2, 1))
+    product.load_state_dict(state)
+    product.beta_proj.weight.data[:2] = delta.beta_proj.weight.data
+    product.beta_proj.bias.data[:2] = delta.beta_proj.bias.data
+    product.start_as_ungated()
+    x = torch.randn(20, 3, 32)
+    with torch.no_grad():
+        want, got = delta(x, x, x)[0], product(x, x, x)[0]
+    assert (got - want).abs().max() / want.abs().max() < 1e-3

@@ -58,6 +58,14 @@ class FastWeightConfig(FairseqDataclass):
     fwp_output_gate: ChoiceEnum(ON_OFF) = field(
         default="off", metadata={"help": "RMS-normalise each head's output and multiply by SiLU of a gate "
                                           "projection of the layer input (Gated DeltaNet)"})
+    fwp_householder_steps: int = field(
+        default=1, metadata={"help": "writes per token of the decoder's delta rule (DeltaProduct, Siems et al. 2025): "
+                                      "N keys, values and write strengths from N projections, in order (1 = the delta "
+                                      "rule)"})
+    fwp_negative_eigenvalues: ChoiceEnum(ON_OFF) = field(
+        default="off", metadata={"help": "beta = 2 sigmoid(.) for the delta rules, so that each write's transition "
+                                          "I - beta k k^T has eigenvalues in [-1, 1] (Grazzi et al. 2024): state "
+                                          "tracking such as parity"})
     fwp_softmax_layers: str = field(
         default="", metadata={"help": "comma-separated indices (from 0) of the layers that keep softmax "
                                        "attention: a hybrid stack, e.g. 3,7"})
@@ -127,7 +135,7 @@ def finish_parser(parser):
     """Give --fwp-feature-map and --fwp-update-rule the registered names as choices, make the integer flags
     reject out-of-range values at parse time, and mark --fwp-sum-norm's values as given on the command line."""
     checks = {"fwp_dpfp_nu": _at_least(1), "fwp_performer_features": _at_least(0),
-              "fwp_performer_redraw": _at_least(0), "fwp_short_conv": _kernel_size,
+              "fwp_performer_redraw": _at_least(0), "fwp_short_conv": _kernel_size, "fwp_householder_steps": _at_least(1),
               "fwp_softmax_layers": _layer_list, "fwp_sum_norm": GivenOnCommandLine}
     choices = registered_choices()
     for action in parser._actions:

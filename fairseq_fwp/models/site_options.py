@@ -22,8 +22,8 @@ FEATURE_MAP_FLAGS = {
                   "input_scaling": "fwp_performer_scaling"},
 }
 # How validate's messages name each option: the flag that sets it.
-FLAG_OF_OPTION = {"feature_map": "--fwp-feature-map", "update_rule": "--fwp-update-rule", "short_conv": "--fwp-short-conv",
-                  "decay_form": "--fwp-decay-form"}
+FLAG_OF_OPTION = {"feature_map": "--fwp-feature-map", "short_conv": "--fwp-short-conv", "decay_form": "--fwp-decay-form",
+                  "householder_steps": "--fwp-householder-steps"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,14 +65,18 @@ def site_options(cfg, site):
     if name == "performer" and not map_options["num_features"]:
         map_options["num_features"] = embed_dim // num_heads  # --fwp-performer-features 0: head_dim
     causal = site == "decoder-self"
-    rule = cfg.fwp_update_rule if causal else "sum"  # the rule programs the decoder self-attention
+    rule = str(cfg.fwp_update_rule) if causal else "sum"  # the rule programs the decoder self-attention
+    writes = cfg.fwp_householder_steps if causal else 1
+    if writes > 1 and UPDATE_RULES[rule].product:
+        rule = UPDATE_RULES[rule].product  # DeltaProduct: the rule's form with several writes per token
     return dict(
         embed_dim=embed_dim, num_heads=num_heads, causal=causal,
         kdim=cfg.encoder_embed_dim if site == "cross" else None, feature_map=name, feature_map_options=map_options,
         update_rule=rule, qk_norm=qk_normalization(cfg, causal, rule),
         attention_normalization=attention_normalization(cfg, causal, rule), output_scaling=_on(cfg.fwp_output_scaling),
         decay_form=cfg.fwp_decay_form, short_conv=cfg.fwp_short_conv if causal else 0,
-        output_gate=_on(cfg.fwp_output_gate), backend=cfg.fwp_backend)
+        output_gate=_on(cfg.fwp_output_gate), backend=cfg.fwp_backend, householder_steps=writes,
+        negative_eigenvalues=causal and _on(cfg.fwp_negative_eigenvalues))
 
 
 def qk_normalization(cfg, decoder_self, rule):
@@ -139,6 +143,10 @@ def _flag(cfg, site, name, value):
                 f"{'on' if value else 'off'} at the {site} attention)")
     if name == "causal":
         return f"the {site} attention"
+    if name == "update_rule":
+        return f"--fwp-update-rule {cfg.fwp_update_rule}" if decoder_self else f"the {site} attention's rule {value}"
+    if name == "negative_eigenvalues":
+        return f"--fwp-negative-eigenvalues {cfg.fwp_negative_eigenvalues}"
     if name.startswith("feature_map_options."):
         flag = FEATURE_MAP_FLAGS[cfg.fwp_feature_map][name.split(".", 1)[1]]
         return f"--{flag.replace('_', '-')} {getattr(cfg, flag)} at the {site} attention"

@@ -30,6 +30,8 @@ class AttentionOptions:
     decay_form: str = "mamba2"  # the gated rules' a_t (gates.py)
     short_conv: int = 0  # kernel size of a short convolution on q, k, v (0: none; causal only)
     output_gate: bool = False  # RMS norm times SiLU gate on each head's output (Gated DeltaNet)
+    householder_steps: int = 1  # writes per token (DeltaProduct: a rule with substeps; N keys, values, betas)
+    negative_eigenvalues: bool = False  # beta = 2 sigmoid(.): Householder transitions with eigenvalues in [-1, 1]
     backend: str = "auto"  # which backend runs the ops (ops/backends.py)
     eps: float = 1e-5
 
@@ -70,6 +72,16 @@ RULES = (
          "only the sum rule programs a non-causal attention: the others program the decoder self-attention"),
     Rule(("short_conv", "causal"), lambda o: o.short_conv and not o.causal,
          "the short convolution is for causal (decoder self-) attention only"),
+    Rule(("update_rule", "householder_steps"), lambda o: (o.householder_steps > 1) != o.rule.substeps,
+         "several writes per token are DeltaProduct's: the delta rules' form with N keys (--fwp-householder-steps)"),
+    Rule(("update_rule", "negative_eigenvalues"), lambda o: o.negative_eigenvalues and not o.rule.householder,
+         "negative eigenvalues are for rules whose writes are Householder transitions, the delta rules"),
+    Rule(("negative_eigenvalues", "attention_normalization"),
+         lambda o: o.negative_eigenvalues and o.attention_normalization,
+         "attention normalisation's retrieval (Eqs. 26-28) divides each key by z . k, which takes the "
+         "transition's eigenvalues 1 - beta (k . k) out of [-1, 1]"),
+    Rule(("householder_steps", "attention_normalization"), lambda o: o.householder_steps > 1 and o.attention_normalization,
+         "attention normalisation (Eqs. 18-19, 26-28) sums one key per token"),
 )
 
 
@@ -105,6 +117,8 @@ def check(options):
             raise OptionsError(options, (name,), f"must be one of {', '.join(allowed)}")
     if options.short_conv < 0 or options.short_conv == 1:
         raise OptionsError(options, ("short_conv",), "0 (none) or a kernel size >= 2")
+    if options.householder_steps < 1:
+        raise OptionsError(options, ("householder_steps",), "an integer >= 1")
     update_rule(options.update_rule)
     try:
         feature_map_class(options.feature_map).check_options(options.head_dim, **dict(options.feature_map_options))

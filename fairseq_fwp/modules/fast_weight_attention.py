@@ -59,16 +59,17 @@ class FastWeightAttention(nn.Module):
         self.backend_log = BackendLog()  # a model shares one among its layers (share_backend_log)
         self.streams = None  # see enable_carry_over
 
-        embed_dim, kdim = options.embed_dim, options.kdim or options.embed_dim
+        embed_dim, kdim, writes = options.embed_dim, options.kdim or options.embed_dim, options.householder_steps
         self.q_proj = nn.Linear(embed_dim, embed_dim)
-        self.k_proj = nn.Linear(kdim, embed_dim)
-        self.v_proj = nn.Linear(kdim, embed_dim)
+        self.k_proj = nn.Linear(kdim, writes * embed_dim)  # DeltaProduct: N keys and values per token
+        self.v_proj = nn.Linear(kdim, writes * embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
-        # Eq. 21: one write strength per head, from the layer input.
-        self.beta_proj = nn.Linear(embed_dim, options.num_heads) if self.rule.write_strength else None
+        # Eq. 21: one write strength per head (and write), from the layer input.
+        self.beta_proj = nn.Linear(embed_dim, writes * options.num_heads) if self.rule.write_strength else None
         self.decay_gate = DecayGate(embed_dim, options.num_heads, options.decay_form) if self.rule.decay else None
-        self.convolutions = nn.ModuleDict({name: ShortConvolution(embed_dim, options.short_conv) for name in "qkv"}) \
-            if options.short_conv else None
+        self.convolutions = nn.ModuleDict({
+            name: ShortConvolution((1 if name == "q" else writes) * embed_dim, options.short_conv) for name in "qkv"
+        }) if options.short_conv else None
         self.output_gate = OutputGate(embed_dim, options.num_heads) if options.output_gate else None
         self.feature_map = build_feature_map(options.feature_map, self.head_dim, **dict(options.feature_map_options))
         self.reset_parameters()
@@ -82,6 +83,10 @@ class FastWeightAttention(nn.Module):
             self.decay_gate.start_near_one()
         for convolution in (self.convolutions or {}).values():
             convolution.start_as_identity()
+        if self.options.householder_steps > 1:  # every write but the first starts with beta near 0
+            with torch.no_grad():
+                self.beta_proj.weight[self.num_heads:].zero_()
+                self.beta_proj.bias[self.num_heads:].fill_(-10.0)
 
     def reset_parameters(self):
         # As fairseq's MultiheadAttention, so that only the attention differs.
@@ -118,9 +123,12 @@ class FastWeightAttention(nn.Module):
     # -- helpers ---------------------------------------------------------------
 
     def _heads(self, x):
-        """[T, B, H * d] -> [B, H, T, d]"""
+        """[T, B, H * d] -> [B, H, T, d]; DeltaProduct's keys and values [T, B, N * H * d] -> [B, H, T, N, d]."""
         T, B, C = x.shape
-        return x.view(T, B, self.num_heads, C // self.num_heads).permute(1, 2, 0, 3)
+        writes = C // self.embed_dim
+        if writes == 1 or not self.causal:
+            return x.view(T, B, self.num_heads, C // self.num_heads).permute(1, 2, 0, 3)
+        return x.view(T, B, writes, self.num_heads, self.head_dim).permute(1, 3, 0, 2, 4)
 
     def _phi(self, x):
         return normalize_features(self.feature_map(self._heads(x)), self.options.qk_norm)
@@ -183,16 +191,23 @@ class FastWeightAttention(nn.Module):
             projected, state.convolutions = [y for y, _ in results], tuple(cache for _, cache in results)
         q, k, v = self._phi(projected[0]), self._phi(projected[1]), self._heads(projected[2])
         if keep is not None:
-            k = k * keep.unsqueeze(1).unsqueeze(-1).to(k.dtype)
+            k = k * _per_token(keep, k).to(k.dtype)
         return q, k, v
 
     def _gates(self, x, keep):
         """beta (Eq. 21: the delta rules' write strength) and log a (the gated rules' decay) ``[B, H, T]``,
         or None; padded positions neither write nor decay."""
-        beta = torch.sigmoid(self.beta_proj(x)).permute(1, 2, 0) if self.beta_proj is not None else None
+        beta = None
+        if self.beta_proj is not None:
+            T, B = x.shape[:2]
+            writes = self.options.householder_steps
+            beta = torch.sigmoid(self.beta_proj(x)).view(T, B, writes, self.num_heads).permute(1, 3, 0, 2)  # [B, H, T, N]
+            beta = beta if self.rule.substeps else beta.squeeze(-1)
+            if self.options.negative_eigenvalues:  # in (0, 2): the transition's eigenvalues reach [-1, 1]
+                beta = 2 * beta
         log_decay = self.decay_gate(x) if self.decay_gate is not None else None
         if keep is not None:
-            beta = None if beta is None else beta * keep.unsqueeze(1).to(beta.dtype)
+            beta = None if beta is None else beta * _per_token(keep, beta).to(beta.dtype)
             log_decay = None if log_decay is None else log_decay.masked_fill(~keep.unsqueeze(1), 0.0)
         return beta, log_decay
 
@@ -325,5 +340,10 @@ class FastWeightAttention(nn.Module):
 
 
 def _step(x):
-    """The only step of a [B, H, 1] tensor, or None."""
+    """The only step of a [B, H, 1, ...] tensor, or None."""
     return None if x is None else x[:, :, 0]
+
+
+def _per_token(keep, x):
+    """keep ``[B, T]`` shaped to multiply x ``[B, H, T, ...]``."""
+    return keep.view(keep.shape[0], 1, keep.shape[1], *([1] * (x.dim() - 3)))

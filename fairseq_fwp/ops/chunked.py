@@ -251,3 +251,30 @@ GATED_SUM = Kernel(lambda call, q, k, v, beta, state, log_decay: gated_chunked(q
                    lambda call, k, v, beta, state, log_decay: gated_chunked(k, k, v, None, log_decay, state)[1])
 GATED_DELTA = Kernel(lambda call, q, k, v, beta, state, log_decay: gated_chunked(q, k, v, beta, log_decay, state),
                      lambda call, k, v, beta, state, log_decay: gated_chunked(k, k, v, beta, log_decay, state)[1])
+
+
+def _interleaved(q, k, v, beta, log_decay):
+    """DeltaProduct's N writes per token as one sequence N times as long: the token's keys, values and
+    strengths in order, its query at its last write (zero queries elsewhere), its decay at its first."""
+    B, H, T, N, D = k.shape
+    zeros = q.new_zeros(B, H, T, N - 1, D)
+    queries = torch.cat([zeros, q.unsqueeze(3)], dim=3).flatten(2, 3)
+    if log_decay is not None:
+        log_decay = torch.cat([log_decay.unsqueeze(3), log_decay.new_zeros(B, H, T, N - 1)], dim=3).flatten(2, 3)
+    return queries, k.flatten(2, 3), v.flatten(2, 3), beta.flatten(2, 3), log_decay
+
+
+def product(kernel):
+    """The kernel of a rule with N writes per token (k ``[B, H, T, N, D]``, v ``[B, H, T, N, Dv]``, beta
+    ``[B, H, T, N]``) from the kernel of its one-write form, run over the interleaved sequence; the outputs
+    are those of each token's last write."""
+    def sequence(call, q, k, v, beta, state, log_decay):
+        queries, keys, values, strengths, log_decay = _interleaved(q, k, v, beta, log_decay)
+        out, W = kernel.sequence(call, queries, keys, values, strengths, state, log_decay)
+        return out.unflatten(2, (q.shape[2], k.shape[3]))[:, :, :, -1], W
+
+    def final_state(call, k, v, beta, state, log_decay):
+        _, keys, values, strengths, log_decay = _interleaved(k[:, :, :, 0], k, v, beta, log_decay)
+        return kernel.final_state(call, keys, values, strengths, state, log_decay)
+
+    return Kernel(sequence, final_state)

@@ -118,8 +118,8 @@ def _checked_call(run, rule, q, k, v, beta, state, decay, log_decay, backend, on
     Whether the call needs gradients is decided here, once: decay.py may run the forward without
     autograd and the backward in a second pass, and both must pick the backend a training call gets
     (one with a backward pass), never one that would fail, or differ, in backward()."""
-    check_inputs(q, k, v, beta, state, decay, log_decay)
     rule = update_rule(rule) if rule is not None else rule_for(beta, decay if decay is not None else log_decay)
+    check_inputs(q, k, v, beta, state, decay, log_decay, rule.substeps)
     _check_rule_inputs(rule, beta, decay is not None or log_decay is not None)
     needs_grad = _needs_grad(q, k, v, beta, state, decay, log_decay)
     if decay is None:
@@ -135,6 +135,18 @@ def fast_weight(rule, q, k, v, beta=None, state=None, *, decay=None, log_decay=N
     built-ins. rule: its name (--fwp-update-rule's value); the other arguments and the result as in
     fast_weight_delta (beta where the rule has a write strength, a decay where it is gated)."""
     return _checked_call(_run, rule, q, k, v, beta, state, decay, log_decay, backend, on_choice)
+
+
+def fast_weight_delta_product(q, k, v, beta, state=None, *, decay=None, log_decay=None, backend="auto",
+                              on_choice=None):
+    """DeltaProduct (Siems et al., 2025): N delta-rule writes per token, in order, then the read (Eqs. 20,
+    24, 25 per write); with a decay, the gated form (the decay once per token, before its first write).
+
+    k ``[B, H, T, N, D]``, v ``[B, H, T, N, Dv]``, beta ``[B, H, T, N]`` (in (0, 2): beyond 1 the transition's
+    eigenvalues reach [-1, 1]); the rest as fast_weight_delta. N = 1 is the delta rule."""
+    rule = "gated-delta-product" if decay is not None or log_decay is not None else "delta-product"
+    return fast_weight(rule, q, k, v, beta, state, decay=decay, log_decay=log_decay, backend=backend,
+                       on_choice=on_choice)
 
 
 def fast_weight_state(rule, k, v, beta=None, state=None, *, decay=None, log_decay=None, backend="auto",
@@ -226,8 +238,8 @@ def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, rule=None, 
     returned, in the dtype the inputs are computed in, as by the sequence ops (under autocast its dtype);
     the memory stays in the accumulation dtype (float32, or float64).
     """
-    check_step_inputs(q, k, v, beta, log_decay)
     rule = update_rule(rule) if rule is not None else rule_for(beta, log_decay)
+    check_step_inputs(q, k, v, beta, log_decay, rule.substeps)
     dtype = _compute_dtype([q, k, v, beta])
     call = Call.of(rule, q, v, dtype, needs_grad=False)
     choice = memory.backend_for(backend, call, resolve)

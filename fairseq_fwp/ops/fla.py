@@ -151,3 +151,48 @@ def _kernel(rule, unfit=fits):
 
 SUM, DELTA, GATED_SUM = _kernel("sum"), _kernel("delta"), _kernel("gated-sum")
 GATED_DELTA = _kernel("gated-delta", _no_recurrent_backward)
+
+
+def _no_recurrent_product(call):
+    if kernel_form(call.dtype, call.T) == "recurrent":
+        return "fla has DeltaProduct's chunkwise kernel only (float16/bfloat16 over several steps)"
+    return None
+
+
+def _run_product(q, k, v, beta, state, log_decay):
+    """fla's chunk_gated_delta_product: k, v, beta with N writes per token ``[B, H, T, N, ...]``, interleaved
+    along fla's time axis; the decay (None: none) once per token."""
+    B, H, T, N, _ = k.shape
+    kernel = product_kernel()
+    to_fla = lambda x: x.transpose(1, 2)  # noqa: E731
+    interleaved = lambda x: to_fla(x.flatten(2, 3))  # noqa: E731  [B, H, T, N, ...] -> [B, T * N, H, ...]
+    g = None if log_decay is None else to_fla(log_decay.clamp_min(LOG_FULL_FORGET))
+    initial = _initial_state(state, [x for x in (q, k, v, beta, log_decay) if x is not None])
+    out, final = kernel(to_fla(q), interleaved(k), interleaved(v), g, interleaved(beta), num_householder=N, scale=1.0,
+                        initial_state=initial, output_final_state=True)
+    return to_fla(out), final.transpose(-1, -2)
+
+
+@functools.lru_cache(maxsize=None)
+def product_kernel():
+    try:
+        return importlib.import_module("fla.ops.gated_delta_product").chunk_gated_delta_product
+    except ImportError as err:
+        raise BackendUnavailableError(f"fla has no DeltaProduct kernel here ({err}): pip install fla-core>=0.6") from err
+
+
+def _product_unfit(call):
+    reason = _no_recurrent_product(call)
+    if reason is None:
+        try:
+            product_kernel()
+        except BackendUnavailableError as err:
+            return str(err)
+    return reason
+
+
+# The recurrent forms (float32, decoding steps) fall to chunked: the rule's own step decodes.
+DELTA_PRODUCT = GATED_DELTA_PRODUCT = Kernel(
+    lambda call, q, k, v, beta, state, log_decay: _run_product(q, k, v, beta, state, log_decay),
+    lambda call, k, v, beta, state, log_decay: _run_product(k[:, :, :, 0], k, v, beta, state, log_decay)[1],
+    unfit_reason=_product_unfit)

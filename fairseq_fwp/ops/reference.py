@@ -19,8 +19,8 @@ def _at(x, t):
 
 
 def _run(rule, q, k, v, beta, state, log_decay, read):
-    B, H, T, D = k.shape
-    memory = FunctionalMemory(k.new_zeros(B, H, v.shape[-1], D) if state is None else state)
+    B, H, T = k.shape[:3]
+    memory = FunctionalMemory(k.new_zeros(B, H, v.shape[-1], k.shape[-1]) if state is None else state)
     decay = None if log_decay is None else log_decay.exp()  # exactly 0 for a full forget
     outs = []
     for t in range(T):

@@ -24,18 +24,20 @@ def _check_tensor(name, x, expected_shape, ref):
         raise ValueError(f"{name} is on {x.device}, but q is on {ref.device}")
 
 
-def check_inputs(q, k, v, beta=None, state=None, decay=None, log_decay=None):
-    """Validate the contract layouts (any mix of floating dtypes); returns (B, H, T, D, Dv)."""
+def check_inputs(q, k, v, beta=None, state=None, decay=None, log_decay=None, substeps=False):
+    """Validate the contract layouts (any mix of floating dtypes); returns (B, H, T, D, Dv). substeps: a
+    rule with N writes per token (k ``[B, H, T, N, D]``, v ``[B, H, T, N, Dv]``, beta ``[B, H, T, N]``)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         shape = _describe(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"q must have shape [B, H, T, D], got {shape}")
     B, H, T, D = q.shape
+    N = _substeps(k, substeps, 3)
     _check_tensor("q", q, ("B", "H", "T", "D"), q)
-    _check_tensor("k", k, (B, H, T, D), q)
-    _check_tensor("v", v, (B, H, T, "Dv"), q)
+    _check_tensor("k", k, (B, H, T, *N, D), q)
+    _check_tensor("v", v, (B, H, T, *N, "Dv"), q)
     Dv = v.shape[-1]
     if beta is not None:
-        _check_tensor("beta", beta, (B, H, T), q)
+        _check_tensor("beta", beta, (B, H, T, *N), q)
     if state is not None:
         _check_tensor("state", state, (B, H, Dv, D), q)
     if decay is not None and log_decay is not None:
@@ -46,15 +48,28 @@ def check_inputs(q, k, v, beta=None, state=None, decay=None, log_decay=None):
     return B, H, T, D, Dv
 
 
-def check_step_inputs(q, k, v, beta=None, log_decay=None):
-    """The layouts of one decoding step: q, k ``[B, H, D]``, v ``[B, H, Dv]``, beta and log_decay ``[B, H]``."""
+def check_step_inputs(q, k, v, beta=None, log_decay=None, substeps=False):
+    """The layouts of one decoding step: q, k ``[B, H, D]``, v ``[B, H, Dv]``, beta and log_decay ``[B, H]``
+    (substeps: k ``[B, H, N, D]``, v ``[B, H, N, Dv]``, beta ``[B, H, N]``)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         shape = _describe(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"q must have shape [B, H, D], got {shape}")
     B, H, D = q.shape
+    N = _substeps(k, substeps, 2)
     _check_tensor("q", q, ("B", "H", "D"), q)
-    _check_tensor("k", k, (B, H, D), q)
-    _check_tensor("v", v, (B, H, "Dv"), q)
-    for name, x in (("beta", beta), ("log_decay", log_decay)):
-        if x is not None:
-            _check_tensor(name, x, (B, H), q)
+    _check_tensor("k", k, (B, H, *N, D), q)
+    _check_tensor("v", v, (B, H, *N, "Dv"), q)
+    if beta is not None:
+        _check_tensor("beta", beta, (B, H, *N), q)
+    if log_decay is not None:
+        _check_tensor("log_decay", log_decay, (B, H), q)
+
+
+def _substeps(k, substeps, axis):
+    """(N,) for a rule with N writes per token (N read from k's axis `axis`), else ()."""
+    if not substeps:
+        return ()
+    if not isinstance(k, torch.Tensor) or k.dim() <= axis + 1:
+        shape = _describe(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__
+        raise ValueError(f"k must have a writes-per-token axis N before D, got {shape}")
+    return (k.shape[axis],)

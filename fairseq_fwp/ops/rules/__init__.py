@@ -27,6 +27,12 @@ class UpdateRule:
     decay = False  # a_t in [0, 1] per head and token, from the layer input (the gated rules)
     normalised_keys = False  # phi(k) must be normalised (sum or l2): the rule diverges without
     normalised_retrieval = False  # with attention normalisation, its retrieval W k is normalised too (Eqs. 26-28)
+    # Each write is a generalised Householder transition I - beta k k^T: with beta in (0, 2) instead of (0, 1)
+    # its eigenvalues lie in [-1, 1] instead of [0, 1] (--fwp-negative-eigenvalues), and the rule has a form
+    # that writes several keys per token (``product``, the registered name of it: --fwp-householder-steps).
+    householder = False
+    product = None
+    substeps = False  # k ``[.., N, D]``, v ``[.., N, Dv]`` and beta ``[.., N]``: N writes per token, in order
     kernels = {}  # backend name -> backends.Kernel; every rule also runs on "reference" (its step)
     name = None  # set by register_update_rule
 
@@ -35,7 +41,8 @@ class UpdateRule:
         write_), then return what the query q reads from the updated memory, ``[rows, H, Dv]``.
 
         q, k ``[rows, H, D]``, v ``[rows, H, Dv]``; beta ``[rows, H]`` or None; decay a ``[rows, H]`` (not its
-        log: 0 is a full forget) or None, all in the memory's dtype. Written once, it is both the
+        log: 0 is a full forget) or None, all in the memory's dtype (a rule with ``substeps``: k ``[rows, H, N,
+        D]``, v ``[rows, H, N, Dv]``, beta ``[rows, H, N]``). Written once, it is both the
         reference (on a FunctionalMemory, token by token, in float64 for the oracles) and the decoding
         step (on a decoder's Memory, in place)."""
         raise NotImplementedError
