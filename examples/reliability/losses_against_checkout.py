@@ -4,11 +4,12 @@ and seed, side by side; uptrained rows are converted from each checkout's own so
 
     git worktree add /tmp/before COMMIT
     .venv/bin/python examples/reliability/losses_against_checkout.py /tmp/before --data-dir data --out /tmp/losses \
-        [--updates 60] [--corpora multi30k wikitext2] [--rows ROW ...]
+        [--updates 60] [--corpora multi30k wikitext2] [--rows ROW ...] [--max-tokens 1024]
 
 Both checkouts run the fairseq-train of this environment with --user-dir pointing at their own plugin, one
 thread each, two at a time (this checkout's and the other's of one row side by side). Prints, per row, the
-largest difference of the logged losses (fairseq logs 3 decimals) and writes OUT/losses.json.
+largest difference of the logged losses (fairseq logs 3 decimals) and writes OUT/losses.json. --max-tokens
+gives the translation rows a smaller batch than the recipe's 4,096 tokens (the same code runs, faster).
 """
 import argparse
 import json
@@ -31,12 +32,12 @@ def losses(log):
     return {int(n): float(loss) for loss, n in re.findall(r"train_inner \| .*? loss=([0-9.]+),.*?num_updates=(\d+)", log)}
 
 
-def train_command(corpus, out, row, checkout, save, updates, extra=()):
+def train_command(corpus, out, row, checkout, save, updates, extra=(), max_tokens=None):
     """fairseq-train's arguments for `row` as the recipe gives them, with the checkout's plugin."""
     spec = (rows.MULTI30K if corpus == "multi30k" else rows.WIKITEXT2)[row]
     if corpus == "multi30k":
         flags = [os.path.join(out, "bin"), "--arch", "fwp_transformer_tiny", *recipe.MULTI30K_MODEL,
-                 *recipe.MULTI30K_TRAINING]
+                 *recipe.MULTI30K_TRAINING, *(["--max-tokens", str(max_tokens)] if max_tokens else [])]
     else:
         streams, length = recipe.stream_shape(row)
         flags = [os.path.join(out, "bin"), "--arch", "fwp_lm_tiny",
@@ -47,10 +48,10 @@ def train_command(corpus, out, row, checkout, save, updates, extra=()):
             "--user-dir", os.path.join(checkout, "fairseq_fwp")]
 
 
-def convert_command(corpus, out, row, checkout, source, converted, updates):
+def convert_command(corpus, out, row, checkout, source, converted, updates, max_tokens):
     """The checkout's own uptrain.convert of its softmax row into `row`, in a process of its own."""
     spec = (rows.MULTI30K if corpus == "multi30k" else rows.WIKITEXT2)[row]
-    argv = train_command(corpus, out, row, checkout, os.path.dirname(converted), updates)[1:]
+    argv = train_command(corpus, out, row, checkout, os.path.dirname(converted), updates, max_tokens=max_tokens)[1:]
     transfer = min(spec.uptraining.transfer_steps, TRANSFER_STEPS)
     code = (f"import sys; sys.path.insert(0, {checkout!r}); from fairseq_fwp import uptrain; "
             f"uptrain.convert({source!r}, {converted!r}, {argv!r}, {transfer})")
@@ -69,7 +70,7 @@ def run_pair(commands):
     return outputs
 
 
-def compare_row(corpus, out, row, checkouts, work, updates):
+def compare_row(corpus, out, row, checkouts, work, updates, max_tokens):
     spec = (rows.MULTI30K if corpus == "multi30k" else rows.WIKITEXT2)[row]
     saves = [os.path.join(work, name, corpus, row) for name in ("this", "other")]
     extra = [[] for _ in checkouts]
@@ -79,14 +80,14 @@ def compare_row(corpus, out, row, checkouts, work, updates):
         converted = [os.path.join(save, "converted.pt") for save in saves]
         for save in saves:
             os.makedirs(save, exist_ok=True)
-        run_pair([convert_command(corpus, out, row, c, s, v, updates)
+        run_pair([convert_command(corpus, out, row, c, s, v, updates, max_tokens)
                   for c, s, v in zip(checkouts, sources, converted)])
         for flags, source, path in zip(extra, sources, converted):
             flags += ["--finetune-from-model", path, "--warmup-updates", str(UPTRAINING_WARMUP)]
             if spec.uptraining.distillation:
                 flags += ["--criterion", "fwp_distillation", "--teacher-checkpoint", source,
                           "--distillation-weight", str(spec.uptraining.distillation)]
-    logs = run_pair([train_command(corpus, out, row, c, save, updates, e)
+    logs = run_pair([train_command(corpus, out, row, c, save, updates, e, max_tokens)
                      for c, save, e in zip(checkouts, saves, extra)])
     this, other = (losses(log) for log in logs)
     if sorted(this) != list(range(1, updates + 1)) or sorted(other) != sorted(this):
@@ -102,6 +103,7 @@ def main():
     parser.add_argument("--updates", type=int, default=60)
     parser.add_argument("--corpora", nargs="+", default=["multi30k", "wikitext2"], choices=["multi30k", "wikitext2"])
     parser.add_argument("--rows", nargs="+", help="a subset of the rows (default: all)")
+    parser.add_argument("--max-tokens", type=int, help="the translation rows' batch (default: the recipe's)")
     args = parser.parse_args()
     checkouts = [ROOT, os.path.abspath(args.other)]
     results_path = os.path.join(args.out, "losses.json")
@@ -116,7 +118,7 @@ def main():
             if (args.rows and row not in args.rows) or f"{corpus}/{row}" in results:
                 continue
             results[f"{corpus}/{row}"] = compare_row(corpus, data, row, checkouts, os.path.join(args.out, "runs"),
-                                                     args.updates)
+                                                     args.updates, args.max_tokens)
             print(f"{corpus}/{row}: largest loss difference {results[f'{corpus}/{row}']['largest_difference']:.4f}",
                   flush=True)
             with open(results_path, "w") as f:
