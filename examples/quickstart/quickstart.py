@@ -95,7 +95,8 @@ def cost_job(args):
 
     def run(progress):
         argv = [sys.executable, os.path.join(EXAMPLES, "speed", "decoding_cost.py"), "--batch", "4", "--dim", "128",
-                "--positions", *map(str, positions), "--json", os.path.join(args.out, "cost.json")]
+                "--positions", *map(str, positions), "--json", os.path.join(args.out, "cost.json"),
+                "--models", "softmax", "linear-delta", "dpfp-delta"]
         done = 0
 
         def see(line):

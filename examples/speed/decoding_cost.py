@@ -28,6 +28,8 @@ MODELS = {
     "softmax": ["--fwp-feature-map", "softmax", "--fwp-positions", "on"],
     "linear-delta": ["--fwp-feature-map", "linear", "--fwp-update-rule", "delta"],
     "dpfp-delta": ["--fwp-feature-map", "dpfp", "--fwp-update-rule", "delta"],
+    "linear-deltaproduct-2": ["--fwp-feature-map", "linear", "--fwp-update-rule", "delta", "--fwp-householder-steps",
+                              "2", "--fwp-negative-eigenvalues", "on"],
 }
 WINDOW = 32  # steps timed from each position on (their median)
 
@@ -39,6 +41,8 @@ def main():
     parser.add_argument("--dim", type=int, default=64, help="d_model (4 heads, FFN 4 d_model)")
     parser.add_argument("--positions", type=int, nargs="+", default=[16, 256, 1024])
     parser.add_argument("--json", help="write every step's seconds and state bytes per decoder here")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                        help="decoders to measure (default: all)")
     args = parser.parse_args()
     length = max(args.positions) + WINDOW
     dictionary = numbered_dictionary(1000)
@@ -51,7 +55,8 @@ def main():
     shape = ["--decoder-layers", args.layers, "--decoder-embed-dim", args.dim, "--decoder-ffn-embed-dim",
              4 * args.dim, "--tokens-per-sample", length + 8, "--dropout", 0]
     steps = {}
-    for name, flags in MODELS.items():
+    for name in args.models:
+        flags = MODELS[name]
         model = build_random_model("language_modeling", "fwp_lm_tiny", shape + flags, dictionary)
         cost = generation_cost(model, dictionary, length, args.batch)
         steps[name] = {"seconds": cost.seconds, "state_bytes": cost.state_bytes}
