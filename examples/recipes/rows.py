@@ -170,6 +170,10 @@ WIKITEXT2 = {  # Table 2/5 rows, and Table 4's carried rows
     "delta-hybrid": row("--fwp-softmax-layers", "3", task=LM),
     "gated-deltanet": row("--fwp-update-rule", "gated-delta", "--fwp-feature-map", "silu", "--fwp-qk-norm", "l2",
                           "--fwp-short-conv", "4", "--fwp-output-gate", "on", task=LM),
+    # the gated delta rule with beta in (0, 2) (eigenvalues in [-1, 1]), and with 2 writes per token (DeltaProduct)
+    "gated-delta-negative": row("--fwp-update-rule", "gated-delta", "--fwp-negative-eigenvalues", "on", task=LM),
+    "gated-deltaproduct-2": row("--fwp-update-rule", "gated-delta", "--fwp-negative-eigenvalues", "on",
+                                "--fwp-householder-steps", "2", task=LM),
     # uptrained from the softmax row, keeping its positions
     **uptrained_rows("linear-delta", ("--fwp-positions", "on"), task=LM),
 }
