@@ -37,6 +37,7 @@ starts from a model that already attends almost as the softmax one did.
 import argparse
 import itertools
 import logging
+import os
 import sys
 
 import torch
@@ -127,11 +128,13 @@ def _per_write(name, value, target):
 ADDED_MODULES = ("ungated", "fresh")
 
 
-def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=DEFAULT_LR, added_modules="ungated"):
-    """Build the model fairseq-train would build from train_argv, fill it from the softmax checkpoint,
-    start its added gates and convolutions as ungated (or keep them fresh; ADDED_MODULES), train its
-    attentions on the softmax ones for `transfer_steps` steps (attention_transfer.py), and save a
-    complete checkpoint of it at `out`. Returns the names that were not copied."""
+def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=DEFAULT_LR, added_modules="ungated",
+            model_options=None):
+    """Build the model fairseq-train would build from train_argv (with `model_options`, {option: value},
+    applied over the parsed arguments), fill it from the softmax checkpoint, start its added gates and
+    convolutions as ungated (or keep them fresh; ADDED_MODULES), train its attentions on the softmax ones
+    for `transfer_steps` steps (attention_transfer.py), and save a complete checkpoint of it at `out`.
+    Returns the names that were not copied."""
     if added_modules not in ADDED_MODULES:
         raise ValueError(f"added_modules must be one of {', '.join(ADDED_MODULES)}; got {added_modules!r}")
     from fairseq import checkpoint_utils, options, tasks
@@ -139,6 +142,9 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
     from omegaconf import OmegaConf
 
     args = options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in train_argv])
+    for name, value in (model_options or {}).items():
+        if hasattr(args, name):
+            setattr(args, name, value)
     cfg = convert_namespace_to_omegaconf(args)
     torch.manual_seed(cfg.common.seed)  # the new parameters' initialisation, as fairseq-train would draw it
     task = tasks.setup_task(cfg.task)
@@ -163,6 +169,7 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
                       optimizer_history=[{"criterion_name": last["criterion_name"], "optimizer_name": last["optimizer_name"],
                                           "lr_scheduler_state": {}, "num_updates": 0}],
                       extra_state={"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}, "val_loss": None})
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     torch.save(checkpoint, out)
     return fresh
 
@@ -200,14 +207,40 @@ def transfer_attention(softmax_checkpoint, model, task, cfg, steps, lr):
     model.cpu()
 
 
+def convert_pretrained(pretrained, out, fwp_argv, added_modules="ungated"):
+    """A published fairseq translation model (pretrained.py: a hub name, URL, archive or folder) converted
+    into the fast-weight model the --fwp-* flags `fwp_argv` name, with the original's own architecture and
+    options, written as a model folder at `out`. Returns the names that were not copied."""
+    from fairseq import checkpoint_utils
+
+    from . import pretrained as published
+
+    folder = published.fetch(pretrained)
+    logger.info(f"the original: {os.path.join(folder, 'model.pt')} (the teacher of --criterion fwp_distillation)")
+    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(folder, "model.pt"))
+    converted = os.path.join(out, "model.pt.part")
+    fresh = convert(os.path.join(folder, "model.pt"), converted, published.train_argv(folder, checkpoint, fwp_argv),
+                    added_modules=added_modules, model_options=published.model_options(checkpoint))
+    published.write_folder(folder, converted, out)
+    return fresh
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
         raise SystemExit("usage: python -m fairseq_fwp.uptrain --softmax-checkpoint FILE --out FILE -- "
-                         "<the fairseq-train arguments of the fast-weight model>")
+                         "<the fairseq-train arguments of the fast-weight model>\n"
+                         "   or: python -m fairseq_fwp.uptrain --pretrained NAME|URL|PATH --out FOLDER -- "
+                         "<the --fwp-* flags of the fast-weight model>")
     split = argv.index("--")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--softmax-checkpoint", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--softmax-checkpoint", help="a checkpoint of fairseq-train (give the fast-weight model's "
+                                                     "fairseq-train arguments after --)")
+    source.add_argument("--pretrained", metavar="NAME|URL|PATH",
+                        help="a published fairseq translation model: a name of fairseq's hub (e.g. "
+                             "transformer.wmt16.en-de), an archive's URL, a local archive or folder (give only the "
+                             "--fwp-* flags after --; --out is then a folder)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--attention-transfer-steps", type=int, default=0, metavar="N",
                         help="train the converted attentions on the softmax ones for N steps first (default 0: none)")
@@ -220,6 +253,15 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.attention_transfer_steps < 0:
         parser.error(f"--attention-transfer-steps must be >= 0, got {args.attention_transfer_steps}")
+    if args.pretrained:
+        if args.attention_transfer_steps:
+            parser.error("--attention-transfer-steps reads training batches: with --pretrained, run it as "
+                         "--softmax-checkpoint on the original's model.pt (the conversion logs where it is) with the "
+                         "training data's fairseq-train arguments after -- (docs/uptraining.md)")
+        fresh = convert_pretrained(args.pretrained, args.out, argv[split + 1:], args.added_modules)
+        logger.info(f"wrote {args.out}/ (model.pt, dictionaries, BPE codes); initialised afresh: "
+                    f"{', '.join(fresh) if fresh else 'nothing'}")
+        return
     fresh = convert(args.softmax_checkpoint, args.out, argv[split + 1:], args.attention_transfer_steps,
                     args.attention_transfer_lr, args.added_modules)
     logger.info(f"wrote {args.out}; initialised afresh: {', '.join(fresh) if fresh else 'nothing'}; the softmax "

@@ -43,6 +43,15 @@ def stacks(args):
     return {"encoder": args.encoder_layers, "decoder": args.decoder_layers}
 
 
+@register_model_architecture("fwp_transformer", "fwp_transformer")
+def fwp_transformer(args):
+    """fairseq's `transformer` (base_architecture): every option the model was given, the rest its defaults;
+    what a converted published model is saved as (uptrain.py --pretrained)."""
+    set_fwp_defaults(args, **MT_DEFAULTS)
+    base_architecture(args)
+    validate(args, stacks(args))
+
+
 @register_model_architecture("fwp_transformer", "fwp_transformer_tiny")
 def fwp_transformer_tiny(args):
     """A 2+2-layer model of width 64 for tests and the quickstart."""
