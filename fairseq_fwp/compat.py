@@ -25,12 +25,16 @@
    (nor any model's). The plugin loads before that parsing (fairseq imports
    --user-dir when it builds the parser): the parser's help then waits for
    the last parse, when every option is there.
+6. fairseq 0.12 calls Hydra 1.3 through APIs Hydra deprecated, and every
+   command opened with about 20 lines of Hydra's deprecation warnings; the
+   plugin silences those (only those: Hydra's, about its own API).
 """
 import argparse
 import functools
 import importlib.util
 import sys
 import types
+import warnings
 
 import numpy as np
 import torch
@@ -158,7 +162,19 @@ def _patch_help_to_list_every_option():
     _replace(options, "parse_args_and_arch", make)
 
 
+# Hydra's deprecation warnings that fairseq 0.12's use of Hydra 1.3 raises in every command.
+HYDRA_DEPRECATIONS = (r"hydra\.experimental\.\w+\(\) is no longer experimental", r"\s*The version_base parameter",
+                      r"In '\w+': Usage of deprecated keyword in package header",
+                      r"\s*'\w+' is validated against ConfigStore schema", r"\s*The strict flag")
+
+
+def _silence_hydra_deprecations():
+    for message in HYDRA_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+
+
 def apply():
+    _silence_hydra_deprecations()
     _patch_help_to_list_every_option()
     _patch_checkpoint_loading()
     _patch_checkpoint_saving()

@@ -136,3 +136,28 @@ def test_a_dpfp_nu_the_feature_map_cannot_take_fails_at_parse_time(task, arch):
     assert parse_args(task, arch, "--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "31").fwp_dpfp_nu == 31
     # a value no site uses passes: the flag belongs to another feature map
     assert parse_args(task, arch, "--fwp-feature-map", "linear", "--fwp-dpfp-nu", "64").fwp_dpfp_nu == 64
+
+
+def test_a_translation_checkpoint_given_to_eval_lm_says_so():
+    from helpers import build_translation_model
+
+    model, _ = build_translation_model()
+    with pytest.raises(ValueError, match="translation model .* fairseq-eval-lm cannot score"):
+        model.supported_targets
+
+
+def test_hydras_deprecation_warnings_are_silenced():
+    """Every fairseq command converted its arguments through Hydra APIs that Hydra 1.3 deprecates, printing
+    about 20 lines of warnings first; with the plugin loaded there are none (other warnings stay)."""
+    import subprocess
+    import sys
+
+    from helpers import PLUGIN_DIR, ROOT
+
+    code = ("import sys; from fairseq import options; from fairseq.dataclass.utils import convert_namespace_to_omegaconf; "
+            f"args = options.parse_args_and_arch(options.get_training_parser(), ['/x', '--user-dir', {PLUGIN_DIR!r}, "
+            "'--task', 'language_modeling', '--arch', 'fwp_lm_tiny']); convert_namespace_to_omegaconf(args); "
+            "import warnings; warnings.warn('still shown')")
+    stderr = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stderr
+    warned = [line for line in stderr.splitlines() if "Warning" in line]
+    assert warned == ["<string>:1: UserWarning: still shown"], stderr[-2000:]

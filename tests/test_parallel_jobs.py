@@ -1,10 +1,13 @@
 """The quickstart's job runner: order, concurrency, progress lines and failures."""
+import os
+import sys
 import threading
 import time
 
 import pytest
 
 from examples.recipes.parallel import Job, JobFailed, clock, run_jobs
+from helpers import ROOT
 
 
 def sleeper(name, seconds, log, running, peak):
@@ -75,3 +78,16 @@ def test_a_failing_job_is_named_and_starts_nothing_that_waits_for_it():
 def test_a_job_waiting_for_a_missing_job_is_refused():
     with pytest.raises(JobFailed, match="wait for jobs that do not exist"):
         run_jobs([Job("a", lambda progress: "a", 1, ("nothing",))], echo=lambda line: None)
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--capacity-steps", "50", "must be a positive multiple of 100"), ("--workers", "0", "must be > 0"),
+    ("--cost-length", "20", "must be at least 48")])
+def test_the_quickstarts_arguments_are_checked_when_parsed(capsys, flag, value, message):
+    """A bad value stops the quickstart before any job starts, naming the flag."""
+    sys.path.insert(0, os.path.join(ROOT, "examples", "quickstart"))
+    import quickstart
+
+    with pytest.raises(SystemExit):
+        quickstart.parse_args([flag, value])
+    assert f"argument {flag}: {message}" in capsys.readouterr().err

@@ -37,6 +37,7 @@ from examples.recipes.pipeline import (  # noqa: E402
     bleu, eval_lm, generate, improvement, perplexity, preprocess_lm, preprocess_translation, train_lm,
     train_translation, train_words_per_second)
 from examples.recipes.synthetic_data import write_corpora  # noqa: E402
+from examples.synthetic_retrieval.sweep import positive, step_count  # noqa: E402
 
 EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAPACITY_MODELS = ("softmax", "sum-linear", "delta-linear", "sum-dpfp1", "delta-dpfp1")
@@ -59,12 +60,23 @@ SECONDS_PER_UPDATE = {"mt": 0.085, "lm": 0.035}
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="quickstart_out", help="where the plots, logs and summary go")
-    parser.add_argument("--workers", type=int, default=2, help="jobs at a time (one thread each)")
-    parser.add_argument("--mt-updates", type=int, default=900)
-    parser.add_argument("--lm-updates", type=int, default=700)
-    parser.add_argument("--capacity-steps", type=int, default=1500, help="most training steps per retrieval run")
-    parser.add_argument("--cost-length", type=int, default=2048, help="tokens generated per model")
+    parser.add_argument("--workers", type=positive(int), default=2, help="jobs at a time (one thread each)")
+    parser.add_argument("--mt-updates", type=positive(int), default=900)
+    parser.add_argument("--lm-updates", type=positive(int), default=700)
+    parser.add_argument("--capacity-steps", type=step_count, default=1500,
+                        help="most training steps per retrieval run: a positive multiple of 100 (the evaluation "
+                             "interval)")
+    parser.add_argument("--cost-length", type=cost_length, default=2048,
+                        help=f"tokens generated per model (at least {COST_POSITIONS[0] + 32}: the first position's "
+                             "window)")
     return parser.parse_args(argv)
+
+
+def cost_length(text):
+    value = int(text)
+    if value < COST_POSITIONS[0] + 32:
+        raise argparse.ArgumentTypeError(f"must be at least {COST_POSITIONS[0] + 32}; got {text!r}")
+    return value
 
 
 # ------------------------------------------------------------------------------------------- jobs

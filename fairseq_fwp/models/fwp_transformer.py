@@ -21,6 +21,12 @@ class FastWeightTransformerModel(FastWeightModel, TransformerModel):
     def build_model(cls, args, task):
         return cls.finish(super().build_model(args, task))
 
+    @property
+    def supported_targets(self):
+        """What a language-modelling task asks of its model: a translation model has none to give."""
+        raise ValueError("this checkpoint is a translation model (fwp_transformer), which fairseq-eval-lm cannot "
+                         "score: translate with fairseq-generate, or give eval-lm an fwp_transformer_lm checkpoint")
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return FastWeightTransformerEncoder(transformer_config(args), validate(args, stacks(args)), src_dict,
