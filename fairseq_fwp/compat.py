@@ -28,16 +28,24 @@
 6. fairseq 0.12 calls Hydra 1.3 through APIs Hydra deprecated, and every
    command opened with about 20 lines of Hydra's deprecation warnings; the
    plugin silences those (only those: Hydra's, about its own API).
+7. --finetune-from-model loads any checkpoint whose parameters fit the model
+   the command line builds, also one that computes otherwise (untied
+   embeddings beside a tied conversion, another feature map of the same
+   size): the plugin warns, naming every option that differs.
 """
 import argparse
 import functools
 import importlib.util
+import logging
+import os
 import sys
 import types
 import warnings
 
 import numpy as np
 import torch
+
+logger = logging.getLogger("fairseq_fwp")
 
 
 def _patch_checkpoint_loading():
@@ -173,8 +181,31 @@ def _silence_hydra_deprecations():
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 
+def _patch_finetuning_to_compare_models():
+    from fairseq import checkpoint_utils
+
+    def make(original):
+        def load_checkpoint(cfg, trainer, **passthrough):
+            last = os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
+            if cfg.finetune_from_model and cfg.restore_file == "checkpoint_last.pt" and not os.path.exists(last) \
+                    and os.path.exists(cfg.finetune_from_model):
+                from .uptrain import model_differences
+
+                saved = checkpoint_utils.load_checkpoint_to_cpu(cfg.finetune_from_model)["cfg"]["model"]
+                differences = model_differences(saved, trainer.cfg.model)
+                if differences:
+                    logger.warning(f"--finetune-from-model {cfg.finetune_from_model} was saved from another model than "
+                                   "this command builds; give the options it was converted with:\n  "
+                                   + "\n  ".join(differences))
+            return original(cfg, trainer, **passthrough)
+        return load_checkpoint
+
+    _replace(checkpoint_utils, "load_checkpoint", make)
+
+
 def apply():
     _silence_hydra_deprecations()
+    _patch_finetuning_to_compare_models()
     _patch_help_to_list_every_option()
     _patch_checkpoint_loading()
     _patch_checkpoint_saving()

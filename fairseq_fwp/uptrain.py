@@ -63,17 +63,30 @@ COMPUTATION_FIELDS = (
 )
 
 
-def computation_differences(source, target):
-    """``name: softmax X, fast-weight Y`` for every COMPUTATION_FIELDS option the two model configs set
-    differently (options one of them lacks are skipped; unset counts as off)."""
+def computation_differences(source, target, labels=("softmax", "fast-weight")):
+    """``name: softmax X, fast-weight Y`` (or other labels) for every COMPUTATION_FIELDS option the two model
+    configs set differently (options one of them lacks are skipped; unset counts as off)."""
     def value(cfg, name):
         x = getattr(cfg, name, None)
         return False if x is None else str(x) if not isinstance(x, (bool, int, float)) else x
 
     missing = object()
-    return [f"{name}: softmax {value(source, name)}, fast-weight {value(target, name)}" for name in COMPUTATION_FIELDS
+    return [f"{name}: {labels[0]} {value(source, name)}, {labels[1]} {value(target, name)}" for name in COMPUTATION_FIELDS
             if getattr(source, name, missing) is not missing and getattr(target, name, missing) is not missing
             and value(source, name) != value(target, name)]
+
+
+def model_differences(saved, model):
+    """computation_differences, and every --fwp-* option the two configs set differently: how a model saved
+    (a conversion) and the one a command builds would compute differently although their parameters fit."""
+    def value(cfg, name):
+        return str(getattr(cfg, name, None) if not hasattr(cfg, "keys") else cfg.get(name))
+
+    names = sorted({name for cfg in (saved, model) for name in (cfg.keys() if hasattr(cfg, "keys") else vars(cfg))
+                    if name.startswith("fwp_") and name != "fwp_sum_norm"})
+    return computation_differences(saved, model, ("saved", "built")) + [
+        f"{name}: saved {value(saved, name)}, built {value(model, name)}" for name in names
+        if value(saved, name) != value(model, name)]
 
 
 def transfer(source, target):

@@ -283,3 +283,20 @@ def test_deltaproducts_extra_writes_start_as_copies_with_beta_near_zero():
     with torch.no_grad():
         want, got = delta(x, x, x)[0], product(x, x, x)[0]
     assert (got - want).abs().max() / want.abs().max() < 1e-3
+
+
+@pytest.mark.slow
+def test_finetuning_a_conversion_with_other_options_warns_naming_them(softmax_translation, tmp_path):
+    """Parameters of the same shapes load silently into a model that computes otherwise (DPFP-nu changes no
+    parameter): fairseq-train --finetune-from-model says which options differ."""
+    root = softmax_translation
+    converted = tmp_path / "converted.pt"
+    convert(str(root / "softmax" / "checkpoint_last.pt"), str(converted),
+            [str(root / "bin"), "--user-dir", PLUGIN_DIR, *COMMON_TRAIN, *MT_MODEL, *DPFP_DELTA])
+    other = [flag if flag != "2" else "1" for flag in DPFP_DELTA]  # --fwp-dpfp-nu 1
+    log = fairseq("train", root / "bin", *COMMON_TRAIN, *MT_MODEL, *other, "--max-update", 1,
+                  "--finetune-from-model", converted, "--save-dir", tmp_path / "finetuned")
+    assert "was saved from another model than this command builds" in log and "fwp_dpfp_nu: saved 2, built 1" in log
+    log = fairseq("train", root / "bin", *COMMON_TRAIN, *MT_MODEL, *DPFP_DELTA, "--max-update", 1,
+                  "--finetune-from-model", converted, "--save-dir", tmp_path / "same")
+    assert "was saved from another model" not in log
