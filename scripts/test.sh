@@ -10,4 +10,4 @@ if [[ ${1:-} == --fast ]]; then
   select=(-m "not slow")
   shift
 fi
-exec .venv/bin/python -m pytest -q -n "$(nproc)" --dist worksteal "${select[@]}" tests "$@"
+exec .venv/bin/python -m pytest -q -rs -n "$(nproc)" --dist worksteal "${select[@]}" tests "$@"

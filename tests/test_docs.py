@@ -107,3 +107,28 @@ def test_the_readmes_training_commands_parse():
         argv = [os.path.join(ROOT, "fairseq_fwp") if a == "fairseq_fwp" else a for a in argv]
         args = options.parse_args_and_arch(options.get_training_parser(), argv)
         assert args.arch.startswith("fwp_"), argv
+
+
+# Messages a user meets, each with the file that emits it: troubleshooting.md must explain every one, in
+# the words the code uses (so an entry goes stale when its message changes).
+MESSAGES = [
+    ("Weights only load failed", "torch/serialization.py"),
+    ("Cannot load model parameters from checkpoint", "fairseq/trainer.py"),
+    ("this checkpoint is a translation model (fwp_transformer), which fairseq-eval-lm cannot ",
+     "fairseq_fwp/models/fwp_transformer.py"),
+    ("the fast-weight model would compute differently from the softmax checkpoint beyond its ", "fairseq_fwp/uptrain.py"),
+    ("was saved from another model than ", "fairseq_fwp/compat.py"),
+    ("--fwp-sum-norm is deprecated", "fairseq_fwp/models/fwp_config.py"),
+]
+
+
+@pytest.mark.parametrize("message,source", MESSAGES, ids=[m for m, _ in MESSAGES])
+def test_troubleshooting_explains_each_message_in_the_codes_words(message, source):
+    if source.startswith("fairseq_fwp/"):
+        path = os.path.join(ROOT, source)
+    else:
+        package = importlib.util.find_spec(source.split("/")[0])
+        path = os.path.join(os.path.dirname(package.origin), *source.split("/")[1:])
+    assert message in read(path), f"{source} no longer says {message!r}"
+    troubleshooting = " ".join(read(os.path.join(ROOT, "docs", "troubleshooting.md")).split())
+    assert " ".join(message.split()) in troubleshooting, f"docs/troubleshooting.md does not explain {message!r}"

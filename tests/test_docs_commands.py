@@ -1,0 +1,182 @@
+"""Every shell command in a code block of the README and docs/ runs as written, on small generated data
+("my data": tok/ and text/), with a tiny budget added where a user trying it would add one. A block that
+cannot run here says why, in the page, just above it:
+
+    <!-- not run by the docs test: needs the network -->
+
+with one of REASONS; the test lists those blocks as skipped, with their reasons (scripts/test.sh shows
+skips). The blocks run in one folder, the README's first, then docs/ page by page, so a page's commands
+find what the README's made (data-bin/my_pair, data-bin/my_lm, ckpt/my_pair) and no two commands may
+write to the same checkpoint folder."""
+import dataclasses
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from examples.recipes.synthetic_data import write_corpora
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+NOT_RUN = re.compile(r"<!-- not run by the docs test: (.+?) -->")
+REASONS = (
+    "needs the network",
+    "needs a GPU",
+    "needs the network and a GPU",
+    "changes this clone (adds a git worktree)",
+    "the two commands: CI runs the test command; tests/test_quickstart.py runs the quickstart job",
+)
+FENCE = re.compile(r"^```(\S*)\s*$")
+# What a block may start with that makes an untagged block a shell command (tag it bash, or text for a synopsis).
+COMMAND_START = re.compile(r"^(fairseq-|python |bash |git |nice |subword-nmt |\.venv/)")
+
+# A tiny budget per program, appended as a user trying the command would append it (argparse: the last
+# value of a flag wins). `...` in a command ("your other flags") is where it goes.
+BUDGETS = [
+    (re.compile(r"(^|\s)fairseq-train\s"), "--max-update 2"),
+    (re.compile(r"-m examples\.synthetic_retrieval\.sweep\s"), "--max-steps 100 --sizes 20 --models sum-linear"),
+]
+# What fairseq-train cannot do without, for a command whose `...` leaves it out: (the flags that give it,
+# what a user would add).
+ESSENTIALS = [(("--max-tokens", "--batch-size"), "--max-tokens 2048"), (("--optimizer",), "--optimizer adam --lr 5e-4")]
+# The paper's big translation model, made small enough for a CPU.
+SMALLER = re.compile(r"--arch \S+_big\b")
+SMALL_MODEL = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 64 --decoder-embed-dim 64 "
+               "--encoder-ffn-embed-dim 128 --decoder-ffn-embed-dim 128 --encoder-attention-heads 2 "
+               "--decoder-attention-heads 2")
+# What the pages' placeholders stand for, in the folder the README's commands made.
+PLACEHOLDERS = {
+    "docs/dual_form.md": {"DATA": "data-bin/my_lm", "RECORD": "record"},
+    "docs/training.md": {"OUT/bin": "data-bin/my_pair", "OUT/bpe/codes": "codes",
+                         "CKPT": "ckpt/my_pair/checkpoint_best.pt"},
+}
+STDIN = "a small red car drives home\n"  # fairseq-interactive's sentence
+PLACEHOLDER = re.compile(r"\b[A-Z][A-Z0-9_]{2,}\b(?!=)")  # OUT, CKPT, ... (not VAR= assignments)
+
+
+@dataclasses.dataclass
+class Block:
+    page: str  # relative to the repository
+    line: int  # of the opening fence
+    lang: str
+    text: str
+    not_run: str = None  # the page's reason, if it says the block cannot run here
+
+    @property
+    def name(self):
+        return f"{self.page}:{self.line}"
+
+
+def code_blocks(path):
+    lines = open(path).read().split("\n")
+    blocks, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        reason = NOT_RUN.fullmatch(lines[i - 1].strip()) if i else None
+        blocks.append(Block(os.path.relpath(path, ROOT), i + 1, fence.group(1), "\n".join(lines[i + 1:end]),
+                            reason.group(1) if reason else None))
+        i = end + 1
+    return blocks
+
+
+def command_blocks():
+    return [b for page in PAGES for b in code_blocks(page) if b.lang == "bash"]
+
+
+def commands(text):
+    """The block's commands, each as its physical lines (a line ending in a backslash goes on)."""
+    groups, current = [], []
+    for line in text.split("\n"):
+        current.append(line)
+        if not line.rstrip().endswith("\\"):
+            groups.append(current)
+            current = []
+    return groups + ([current] if current else [])
+
+
+def with_budget(text, placeholders=None):
+    """The block as a user would run it here: placeholders filled in, each command with its tiny budget at
+    its end (before a trailing comment), in place of its `...`."""
+    for name in sorted(placeholders or {}, key=len, reverse=True):
+        text = re.sub(rf"\b{re.escape(name)}(?!\w)", placeholders[name], text)
+    rewritten = []
+    for lines in commands(text):
+        whole = " ".join(lines)
+        added = [flags for program, flags in BUDGETS if program.search(whole)]
+        if added and SMALLER.search(whole):
+            added.append(SMALL_MODEL)
+        if added and " ..." in whole:
+            added += [flags for given, flags in ESSENTIALS if not any(f"{flag} " in whole for flag in given)]
+        if added:
+            lines = [re.sub(r"\s\.\.\.(?=\s|$)", "", line) for line in lines]
+            comment = re.search(r"\s+#\s", lines[-1])
+            code, comment = (lines[-1][:comment.start()], lines[-1][comment.start():]) if comment else (lines[-1], "")
+            lines[-1] = f"{code.rstrip()} {' '.join(added)}{comment}"
+        rewritten += lines
+    return "\n".join(rewritten)
+
+
+def write_my_data(home):
+    """Word-level parallel text in tok/ and monolingual text in text/, as the README's commands expect."""
+    mt, lm = write_corpora(os.path.join(home, "generated"), n_train=600, n_eval=8, seed=5)
+    os.makedirs(os.path.join(home, "tok"))
+    os.makedirs(os.path.join(home, "text"))
+    for split in ("train", "valid", "test"):
+        for side, lang in (("src", "en"), ("tgt", "de")):
+            os.link(os.path.join(mt, f"{split}.{side}"), os.path.join(home, "tok", f"{split}.{lang}"))
+        os.link(os.path.join(lm, f"{split}.txt"), os.path.join(home, "text", f"{split}.txt"))
+    for name in ("fairseq_fwp", "examples", "scripts"):  # the commands run from the repository's root
+        os.symlink(os.path.join(ROOT, name), os.path.join(home, name))
+
+
+def test_a_budget_goes_where_a_user_adds_it():
+    block = ("fairseq-train data-bin/x --arch fwp_transformer_wmt_en_de_big \\\n    --optimizer sgd ...   # a comment\n"
+             "fairseq-generate data-bin/x --path OUT/ckpt.pt")
+    got = with_budget(block, {"OUT": "ckpt"})
+    train, generate = got.split("\n")[1:]
+    assert train == f"    --optimizer sgd --max-update 2 {SMALL_MODEL} --max-tokens 2048   # a comment"
+    assert generate == "fairseq-generate data-bin/x --path ckpt/ckpt.pt"
+    assert got.startswith("fairseq-train data-bin/x --arch fwp_transformer_wmt_en_de_big \\\n")
+
+
+@pytest.mark.parametrize("block", [b for b in command_blocks() if b.not_run], ids=lambda b: b.name)
+def test_what_the_docs_test_cannot_run_says_why(block):
+    assert block.not_run in REASONS, f"{block.name}: '{block.not_run}' is none of {REASONS}"
+    pytest.skip(f"{block.name} not run: {block.not_run}")
+
+
+def test_every_command_block_is_tagged_and_its_placeholders_known():
+    untagged = [b.name for page in PAGES for b in code_blocks(page)
+                if b.lang == "" and COMMAND_START.match(b.text.lstrip())]
+    assert not untagged, f"shell commands in untagged blocks (tag them bash, or text for a synopsis): {untagged}"
+    unknown = {b.name: sorted(set(PLACEHOLDER.findall(code)))
+               for b in command_blocks() if not b.not_run
+               for code in [with_budget(b.text, PLACEHOLDERS.get(b.page)).split("#")[0]]
+               if PLACEHOLDER.search(code)}
+    assert not unknown, f"placeholders the docs test cannot fill (add them to PLACEHOLDERS): {unknown}"
+    assert len([b for b in command_blocks() if not b.not_run]) >= 10  # the collection itself works
+
+
+@pytest.mark.slow
+def test_every_documented_command_runs_as_written(tmp_path):
+    home = str(tmp_path)
+    write_my_data(home)
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    ran = []
+    for block in command_blocks():
+        if block.not_run:
+            continue
+        script = with_budget(block.text, PLACEHOLDERS.get(block.page))
+        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=home, env=env, input=STDIN,
+                                capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, (f"{block.name} failed as written:\n{script}\n"
+                                        f"{(result.stdout + result.stderr)[-3000:]}")
+        ran.append(block.name)
+    assert ran[0].startswith("README.md") and len(ran) >= 10
