@@ -38,6 +38,7 @@ COMMAND_START = re.compile(r"^(fairseq-|python |bash |git |nice |subword-nmt |\.
 BUDGETS = [
     (re.compile(r"(^|\s)fairseq-train\s"), "--max-update 2"),
     (re.compile(r"-m examples\.synthetic_retrieval\.sweep\s"), "--max-steps 100 --sizes 20 --models sum-linear"),
+    (re.compile(r"-m examples\.state_tracking\s"), "--tasks parity --rows sum --seeds 1 --workers 1"),
 ]
 # What fairseq-train cannot do without, for a command whose `...` leaves it out: (the flags that give it,
 # what a user would add).

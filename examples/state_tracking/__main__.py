@@ -26,7 +26,7 @@ from .model import StateTracker
 from .rows import ROWS
 from .tasks import TASKS
 
-STEPS = {"parity": 600, "mod3": 600, "s3": 800}
+STEPS = {"parity": 600, "mod3": 600, "s3": 1600}
 BATCH = {"parity": 64, "mod3": 64, "s3": 32}
 TEST_SEQUENCES = 256
 SOLVED = 0.99
