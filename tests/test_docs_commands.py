@@ -27,6 +27,7 @@ REASONS = (
     "needs a GPU",
     "needs the network and a GPU",
     "changes this clone (adds a git worktree)",
+    "a full-size benchmark: minutes and gigabytes",
     "the two commands: CI runs the test command; tests/test_quickstart.py runs the quickstart job",
 )
 FENCE = re.compile(r"^```(\S*)\s*$")
