@@ -79,14 +79,12 @@ def computation_differences(source, target, labels=("softmax", "fast-weight")):
 def model_differences(saved, model):
     """computation_differences, and every --fwp-* option the two configs set differently: how a model saved
     (a conversion) and the one a command builds would compute differently although their parameters fit."""
-    def value(cfg, name):
-        return str(getattr(cfg, name, None) if not hasattr(cfg, "keys") else cfg.get(name))
-
     names = sorted({name for cfg in (saved, model) for name in (cfg.keys() if hasattr(cfg, "keys") else vars(cfg))
                     if name.startswith("fwp_") and name != "fwp_sum_norm"})
+    saved_value, built_value = ({name: str(getattr(cfg, name, None)) for name in names} for cfg in (saved, model))
     return computation_differences(saved, model, ("saved", "built")) + [
-        f"{name}: saved {value(saved, name)}, built {value(model, name)}" for name in names
-        if value(saved, name) != value(model, name)]
+        f"{name}: saved {saved_value[name]}, built {built_value[name]}" for name in names
+        if saved_value[name] != built_value[name]]
 
 
 def transfer(source, target):
