@@ -9,7 +9,11 @@ Which kernel runs:
   ``fused_recurrent_simple_gla``, ``fused_recurrent_delta_rule`` and
   ``fused_recurrent_gated_delta_rule`` (which has no backward pass: where the
   gated delta rule needs gradients there, ``auto`` runs ``chunked``).
-All of them accumulate in float32 and return the state in float32.
+All of them accumulate in float32 and return the state in float32. Where fla
+itself refuses a kernel on the device and versions at hand (fla_guards.py:
+the gated chunk kernels' backward on Hopper GPUs with some Triton versions),
+the call is refused here before any work, in fla's words, and ``auto`` runs
+``chunked``.
 
 Glue, the same for every kernel: fla's layout is ``[B, T, H, D]`` (ours
 ``[B, H, T, D]``), its state is ``W^T`` (``[B, H, D, Dv]``), and it scales
@@ -28,6 +32,7 @@ import os
 
 import torch
 
+from . import fla_guards
 from .errors import BackendUnavailableError
 from .protocol import Backend, Kernel, fits
 
@@ -126,10 +131,17 @@ def _run(rule, q, k, v, beta, state, log_decay):
 BACKEND = Backend("fla", reads_half_types=True, unfit_reason=unfit_reason)  # accumulates in float32
 
 
-def _no_recurrent_backward(call):
+def _gated_chunk_backward_refused(call):
+    """fla's own refusal of its gated chunk kernels' backward on this device and these versions (fla_guards)."""
+    if call.needs_grad and kernel_form(call.dtype, call.T) == "chunk":
+        return fla_guards.refusal("the gated chunk kernels' backward")
+    return None
+
+
+def _gated_delta_unfit(call):
     if call.needs_grad and kernel_form(call.dtype, call.T) == "recurrent":
         return "fla's recurrent gated delta rule (float32, or one step) has no backward pass"
-    return None
+    return _gated_chunk_backward_refused(call)
 
 
 def _kernel(rule, unfit=fits):
@@ -149,8 +161,9 @@ def _kernel(rule, unfit=fits):
                   step_, unfit)
 
 
-SUM, DELTA, GATED_SUM = _kernel("sum"), _kernel("delta"), _kernel("gated-sum")
-GATED_DELTA = _kernel("gated-delta", _no_recurrent_backward)
+SUM, DELTA = _kernel("sum"), _kernel("delta")
+GATED_SUM = _kernel("gated-sum", _gated_chunk_backward_refused)
+GATED_DELTA = _kernel("gated-delta", _gated_delta_unfit)
 
 
 def _no_recurrent_product(call):
@@ -191,8 +204,16 @@ def _product_unfit(call):
     return reason
 
 
-# The recurrent forms (float32, decoding steps) fall to chunked: the rule's own step decodes.
-DELTA_PRODUCT = GATED_DELTA_PRODUCT = Kernel(
-    lambda call, q, k, v, beta, state, log_decay: _run_product(q, k, v, beta, state, log_decay),
-    lambda call, k, v, beta, state, log_decay: _run_product(k[:, :, :, 0], k, v, beta, state, log_decay)[1],
-    unfit_reason=_product_unfit)
+def _gated_product_unfit(call):
+    return _product_unfit(call) or _gated_chunk_backward_refused(call)
+
+
+def _product_kernel(unfit):
+    """The recurrent forms (float32, decoding steps) fall to chunked: the rule's own step decodes."""
+    return Kernel(
+        lambda call, q, k, v, beta, state, log_decay: _run_product(q, k, v, beta, state, log_decay),
+        lambda call, k, v, beta, state, log_decay: _run_product(k[:, :, :, 0], k, v, beta, state, log_decay)[1],
+        unfit_reason=unfit)
+
+
+DELTA_PRODUCT, GATED_DELTA_PRODUCT = _product_kernel(_product_unfit), _product_kernel(_gated_product_unfit)
