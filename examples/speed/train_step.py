@@ -1,0 +1,183 @@
+"""Training steps of a GPT-2-small-sized language model: fairseq's own transformer_lm against the fwp rows.
+
+    python examples/speed/train_step.py            # a GPU: 12 layers, d 768, 12 heads of 64, FFN 3072,
+                                                   # vocabulary 32k; T = 2048 and 8192, 32,768 tokens a step
+    python examples/speed/train_step.py --tiny     # the CPU: the same rows at a tiny shape (the tests run it)
+
+Every row is one model at one length, built as fairseq-train builds it (random weights, fairseq's own
+argument parsing), and trained for --steps steps on random tokens: bf16 autocast, AdamW (fused on a GPU),
+the next-token cross-entropy. Each row runs in a process of its own under --row-limit seconds (a row past
+it is reported as stopped) and is printed as it finishes: tokens per second over the timed steps, the
+ratio to fairseq's transformer_lm at the same length in this run, peak memory (torch's peak allocation on
+a GPU, the growth of the process's resident set on the CPU), the first step's time (Triton's compile and
+autotune happen there) against a later step's, and the backend that --fwp-backend auto ran.
+"""
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+BASELINE = "fairseq-softmax"
+# Name -> (arch, flags): fairseq's own softmax LM first (every ratio is to it), then the fwp rows.
+ROWS = {
+    BASELINE: ("transformer_lm_gpt", []),  # fairseq's transformer_lm; the shape is given below, as for every row
+    "fwp-softmax": ("fwp_lm_tiny", ["--fwp-feature-map", "softmax", "--fwp-positions", "on"]),
+    "linear-delta": ("fwp_lm_tiny", ["--fwp-feature-map", "linear", "--fwp-update-rule", "delta"]),
+    "gated-deltanet": ("fwp_lm_tiny", ["--fwp-feature-map", "silu", "--fwp-qk-norm", "l2", "--fwp-update-rule",
+                                       "gated-delta", "--fwp-short-conv", "4", "--fwp-output-gate", "on"]),
+    "linear-sum": ("fwp_lm_tiny", ["--fwp-feature-map", "linear", "--fwp-update-rule", "sum"]),
+    "dpfp-delta": ("fwp_lm_tiny", ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "1", "--fwp-update-rule", "delta"]),
+    "deltaproduct-2-negative": (  # DeltaProduct, N = 2, with negative eigenvalues (unit keys)
+        "fwp_lm_tiny", ["--fwp-feature-map", "silu", "--fwp-qk-norm", "l2", "--fwp-update-rule", "delta",
+                        "--fwp-householder-steps", "2", "--fwp-negative-eigenvalues", "on"]),
+}
+# (layers, d_model, heads, FFN, vocabulary, lengths, tokens per step)
+SHAPES = {"gpt2-small": (12, 768, 12, 3072, 32000, (2048, 8192), 32768),
+          "tiny": (2, 64, 4, 256, 1000, (64, 256), 1024)}
+
+
+def model_flags(shape, length):
+    layers, dim, heads, ffn, _, _, _ = SHAPES[shape]
+    return ["--decoder-layers", layers, "--decoder-embed-dim", dim, "--decoder-attention-heads", heads,
+            "--decoder-ffn-embed-dim", ffn, "--activation-fn", "gelu", "--dropout", 0.1, "--attention-dropout", 0.1,
+            "--share-decoder-input-output-embed", "--tokens-per-sample", length, "--max-target-positions", length]
+
+
+class BackendsSeen(logging.Handler):
+    """What --fwp-backend auto logs that it runs (modules/backend_log.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def emit(self, record):
+        name = record.getMessage().removeprefix("--fwp-backend auto runs ").split(" ")[0]
+        if name not in self.names:
+            self.names.append(name)
+
+
+def run_row(row, shape, length, steps, device):
+    """One row in this process: {tokens_per_s, peak_mb, first_step_s, step_s, backends}."""
+    from examples.recipes.decoding_cost import build_random_model, numbered_dictionary
+
+    arch, flags = ROWS[row]
+    vocabulary, tokens_per_step = SHAPES[shape][4], SHAPES[shape][6]
+    seen = BackendsSeen()
+    logging.getLogger("fairseq_fwp.backend").addHandler(seen)
+    logging.getLogger("fairseq_fwp.backend").setLevel(logging.INFO)
+    dictionary = numbered_dictionary(vocabulary - 4)  # with fairseq's four special symbols
+    model = build_random_model("language_modeling", arch, model_flags(shape, length) + flags, dictionary).train()
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (tokens_per_step // length, length + 1),
+                           generator=torch.Generator().manual_seed(0)).to(device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])[0]
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize()
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    peak = (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda"
+            else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024)
+    later = times[1:]
+    return {"tokens_per_s": tokens_per_step * len(later) / sum(later), "peak_mb": peak, "first_step_s": times[0],
+            "step_s": statistics.median(later), "backends": seen.names or ["softmax attention"]}
+
+
+def describe_machine(device):
+    name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {os.cpu_count()} cores"
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return (f"{name}, torch {torch.__version__}, Triton {triton_version}, Python {platform.python_version()}, "
+            f"{datetime.date.today().isoformat()}")
+
+
+def run_in_child(row, shape, length, steps, device, limit):
+    """The row in a child process under `limit` seconds: its result, or {"stopped": why}."""
+    argv = [sys.executable, os.path.abspath(__file__), "--case", json.dumps([row, shape, length, steps, device])]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"stopped": f"stopped at its time limit ({limit:.0f} s)"}
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"stopped": f"failed: {lines[-1][:200] if lines else f'exit status {proc.returncode}'}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="the tiny shape (for the CPU and the tests)")
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS),
+                        help=f"rows to run, in this order ({BASELINE!r} is the baseline of every ratio)")
+    parser.add_argument("--lengths", type=int, nargs="+", help="sequence lengths (default: the shape's)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per row, after the first")
+    parser.add_argument("--row-limit", type=float, default=300, help="seconds per row, in a process of its own")
+    parser.add_argument("--deadline", type=float, help="Unix time by which every row has ended")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.case:
+        row, shape, length, steps, device = json.loads(args.case)
+        print(json.dumps(run_row(row, shape, length, steps, torch.device(device))))
+        return
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to torch (--tiny runs on the CPU)")
+    shape = "tiny" if args.tiny else "gpt2-small"
+    layers, dim, heads, ffn, vocabulary, lengths, tokens_per_step = SHAPES[shape]
+    lengths = args.lengths or lengths
+    print(f"# training steps, {layers} layers, d {dim}, {heads} heads of {dim // heads}, FFN {ffn}, vocabulary "
+          f"{vocabulary}, {tokens_per_step} tokens a step, bf16 autocast, AdamW; {args.steps} timed steps after the "
+          f"first; {describe_machine(torch.device(args.device))}")
+    print(f"| T | row | tokens/s | vs {BASELINE} | peak memory (MiB) | first step (s) | later steps (s) | auto runs |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    baseline = {}
+    for row in args.rows:  # a row's lengths one after the other: the second reuses the first's compiled kernels
+        for length in lengths:
+            limit = args.row_limit if args.deadline is None else min(args.row_limit, args.deadline - time.time())
+            if limit < 1:
+                print(f"| {length} | {row} | not run: no time left before the deadline | | | | | |", flush=True)
+                continue
+            result = run_in_child(row, shape, length, args.steps, args.device, limit)
+            if "stopped" in result:
+                print(f"| {length} | {row} | {result['stopped']} | | | | | |", flush=True)
+                continue
+            if row == BASELINE:
+                baseline[length] = result["tokens_per_s"]
+            ratio = f"{result['tokens_per_s'] / baseline[length]:.2f}x" if length in baseline else "no baseline"
+            print(f"| {length} | {row} | {result['tokens_per_s']:,.0f} | {ratio} | {result['peak_mb']:,.0f} | "
+                  f"{result['first_step_s']:.2f} | {result['step_s']:.3f} | {', '.join(result['backends'])} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""examples/speed/train_step.py, the GPU training-step benchmark, at its tiny shape on the CPU."""
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples", "speed"))
+
+import train_step  # noqa: E402
+
+
+@pytest.mark.parametrize("row", list(train_step.ROWS))
+def test_every_row_trains_at_the_tiny_shape(row):
+    result = train_step.run_row(row, "tiny", 64, steps=2, device=torch.device("cpu"))
+    assert result["tokens_per_s"] > 0 and result["first_step_s"] > 0 and result["step_s"] > 0
+    expected = ["softmax attention"] if row.endswith("softmax") else ["chunked"]  # auto on the CPU
+    assert result["backends"] == expected
+
+
+def test_a_row_past_its_time_limit_is_reported_as_stopped():
+    result = train_step.run_in_child("linear-delta", "tiny", 64, 2, "cpu", limit=0.5)
+    assert result == {"stopped": "stopped at its time limit (0 s)"}
