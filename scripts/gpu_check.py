@@ -4,19 +4,23 @@ choose the csrc `cuda` backend.
     bash scripts/gpu_check.sh                 # on the GPU machine: installs the carried wheels, then runs this
     python scripts/gpu_check.py [--parts P]   # where everything is installed already
 
-Parts, the most important first; each runs in a child process under its own time limit (shortened
-to end before --deadline), and the report (docs/gpu_check_<date>[_dry_run].md, and a copy in $OUT
-when that is set) is rewritten every few seconds, so a run cut short still reports:
-- tests: the GPU tests of TEST_FILES (the csrc kernels and fla's kernels against the reference,
-  decoding on the GPU) and their CPU tests, under this machine's software;
+Parts, in this order; each runs in a child process under its own time limit (shortened to end before
+--deadline), and the report (docs/gpu_check_<date>[_dry_run].md, and a copy in $OUT when that is set)
+is rewritten as each part writes, so a run cut short still reports:
+- tests: the GPU tests (named test_gpu_*: every test that needs CUDA) of the files that have them; each
+  outcome, and each failure with its message, goes into the report as pytest reports it
+  (gpu_check_plugin.py). The CPU tests are CI's;
+- train-step: examples/speed/train_step.py, training steps of a GPT-2-small-sized LM, fairseq's own
+  transformer_lm against the fwp rows of --train-step-rows;
+- benchmark: examples/speed/op_benchmark.py --device cuda --quick, printed as it runs;
 - training: fairseq-train of the tiny translation and language models, --updates updates with each
   of --fp16, --bf16 and --amp, loss finite and falling; the translation model is launched as the
-  console script fairseq-train, the language model as `python -m fairseq_cli.train`;
-- benchmark: examples/speed/op_benchmark.py --device cuda;
-- interpreter: tests/test_fla_interpreted.py in a process of its own with TRITON_INTERPRET=1 (fla's
-  kernels on CPU tensors, as CI runs them).
-Without CUDA (a dry run, e.g. scripts/gpu_rehearsal.sh) the GPU tests skip, the trainings use --bf16
-on the CPU, and the benchmark skips.
+  console script fairseq-train, the language model as `python -m fairseq_cli.train`.
+Every part reports when it wrote its first row, and what Triton's compile and autotune cost it: its first
+call against the later ones. One Triton cache folder (TRITON_CACHE_DIR, which gpu_check.sh sets) serves
+the whole check, so a part finds what an earlier one compiled.
+Without CUDA (a dry run, e.g. scripts/gpu_rehearsal.sh) the GPU tests skip, train-step runs its tiny shape
+on the CPU, the benchmark skips, and the trainings use --bf16 on the CPU.
 """
 import argparse
 import datetime
@@ -26,6 +30,7 @@ import os
 import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,17 +41,11 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-TEST_FILES = ["tests/test_kernels.py", "tests/test_fla.py", "tests/test_ops.py", "tests/test_gated_ops.py",
-              "tests/test_attention.py"]
-INTERPRETER_FILES = ["tests/test_fla_interpreted.py"]
-# What each file's GPU tests (test_gpu_*) run on the GPU.
-GPU_TESTS_RUN = {"test_kernels.py": "the csrc CUDA kernels against the reference",
-                 "test_fla.py": "fla's Triton kernels against the reference",
-                 "test_attention.py": "incremental decoding against the full forward",
-                 "test_ops.py": "the ops on CUDA tensors", "test_gated_ops.py": "the gated ops on CUDA tensors"}
 PRECISIONS = ("--fp16", "--bf16", "--amp")
-# Seconds per part on a GPU machine; the sum fits one 10-minute device call with the install.
-LIMITS = {"tests": 210, "training": 150, "benchmark": 75, "interpreter": 60}
+# Seconds per part on a GPU machine: with the install (about 30 s), the check ends within its default
+# budget of 360 s (GPU_CHECK_BUDGET, gpu_check.sh).
+LIMITS = {"tests": 130, "train-step": 100, "benchmark": 45, "training": 55}
+TRAIN_STEP_ROWS = "fairseq-softmax,linear-delta,gated-deltanet"
 HOW_TO_READ = ("How to read this report: every part ends with one of passed, FAILED, skipped (with the reason) "
                "or stopped at its time limit (it ran out of time; that is not a failure of what it checks). "
                "A FAILED part lists each failing test or training with the first lines of its message; "
@@ -66,11 +65,13 @@ def versions():
             return f"not available ({type(err).__name__})"
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    device = torch.cuda.get_device_name() if cuda() else "none (dry run on the CPU)"
+    device = (f"{torch.cuda.get_device_name()} (compute capability {'.'.join(map(str, torch.cuda.get_device_capability()))})"
+              if cuda() else "none (dry run on the CPU)")
     return [("date", datetime.datetime.now().isoformat(timespec="minutes")), ("device", device),
             ("commit", commit.stdout.strip() or "unknown"), ("python", platform.python_version()),
             ("torch", torch.__version__), ("CUDA", str(torch.version.cuda)), ("triton", version("triton")),
-            ("numpy", version("numpy")), ("fla", version("fla")), ("fairseq", version("fairseq"))]
+            ("numpy", version("numpy")), ("fla", version("fla")), ("fairseq", version("fairseq")),
+            ("Triton cache", os.environ.get("TRITON_CACHE_DIR", "Triton's default"))]
 
 
 class Section:
@@ -84,77 +85,84 @@ class Section:
         self.flush()
 
     def flush(self, extra=()):
-        with open(self.path, "w") as f:
+        with open(self.path + ".part", "w") as f:
             f.write("\n".join([*self.lines, *extra]) + "\n")
+        os.replace(self.path + ".part", self.path)  # the parent reads it while it is written
+
+
+def stream(section, argv):
+    """Runs argv, adding each line of its standard output to the section as it comes; returns its exit
+    status (and, if that is not 0, the last lines of its standard error)."""
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        for line in proc.stdout:
+            section.add(line.rstrip())
+        code = proc.wait()
+        if code:
+            errors.seek(0)
+            tail = errors.read().strip().splitlines()[-20:]
+            section.add(f"\nexit status {code}:\n```\n" + "\n".join(tail) + "\n```")
+    return code
 
 
 # -- tests ---------------------------------------------------------------------------
 
 
-RESULT_LINE = re.compile(r"(?:(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR))|(?:(PASSED|FAILED|SKIPPED|ERROR) "
-                         r"(tests/\S+::\S+))")
-
-
-def run_pytest(section, files, env=None):
-    """pytest -v on `files`, a table of outcomes per file kept current in `section`; returns
-    (passed?, {file: {outcome: count}}, failure lines, GPU tests passed per file)."""
-    argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", *files]
-    try:
-        import xdist  # noqa: F401  (in the GPU image: its CPU cores run the CPU tests side by side)
-        argv += ["-n", str(min(8, os.cpu_count() or 1))]
-    except ImportError:
-        pass
-    counts, gpu_passed, failures = {}, {}, []
-    env = dict(env or os.environ, COLUMNS="400")  # pytest cuts its summary lines to the terminal's width
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    tail, last = [], 0.0
-    for line in proc.stdout:
-        tail = (tail + [line])[-40:]
-        match = RESULT_LINE.search(line)
-        if match:
-            nodeid = match.group(1) or match.group(4)
-            outcome = (match.group(2) or match.group(3)).lower()
-            name = nodeid.split("::")[0].split("/")[-1]
-            row = counts.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0, "error": 0})
-            row[outcome] += 1
-            if outcome == "passed" and "::test_gpu_" in nodeid:
-                gpu_passed[name] = gpu_passed.get(name, 0) + 1
-        if line.startswith(("FAILED ", "ERROR ")) and " - " in line:
-            failures.append(f"- `{line.split(' ')[1]}`: {line.split(' - ', 1)[1].strip()[:300]}")
-        if time.time() - last > 5:
-            last = time.time()
-            section.flush(_test_table(counts))
-    code = proc.wait()
-    lines = _test_table(counts)
-    if failures:
-        lines += ["", "Failures:", *failures]
-    if not counts:
-        lines += ["pytest ran no test:", "```", *[x.rstrip() for x in tail], "```"]
-    section.lines += [f"pytest exit status {code}.", *lines]
-    section.flush()
-    return code == 0, counts, gpu_passed
-
-
-def _test_table(counts):
-    rows = [f"| {name} | {r['passed']} | {r['failed'] + r['error']} | {r['skipped']} |" for name, r in counts.items()]
-    return ["| file | passed | failed | skipped |", "|---|---|---|---|", *rows]
+def gpu_test_files():
+    """The test files that have GPU tests (test_gpu_*), as paths from the repository root."""
+    folder = os.path.join(ROOT, "tests")
+    return [f"tests/{name}" for name in sorted(os.listdir(folder))
+            if name.startswith("test_") and name.endswith(".py")
+            and "def test_gpu_" in open(os.path.join(folder, name)).read()]
 
 
 def part_tests(section, args):
-    section.add("GPU tests are the test_gpu_* ones; they skip without CUDA. The other tests of these files are "
-                "CI's CPU tests, run here under this machine's software.\n")
-    ok, _, gpu_passed = run_pytest(section, TEST_FILES)
-    on_gpu = [f"{count} GPU tests of {name} passed: {GPU_TESTS_RUN.get(name, 'GPU tests')}"
-              for name, count in gpu_passed.items()]
-    return ok, on_gpu
+    files = gpu_test_files()
+    header = (f"The GPU tests (`pytest -m gpu`: the tests named test_gpu_*, marked gpu by tests/conftest.py) of "
+              f"{', '.join(files)}; they skip without CUDA. Outcomes as pytest reports them.")
+    argv = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "gpu_check_plugin", "-p", "no:cacheprovider",
+            *files]
+    try:
+        import xdist  # noqa: F401  (in the GPU image: Triton compiles on several cores at once)
+        argv += ["-n", str(min(4, os.cpu_count() or 1))]
+    except ImportError:
+        pass
+    env = dict(os.environ, GPU_CHECK_SECTION=section.path, GPU_CHECK_HEADER=header,
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "scripts"), os.environ.get("PYTHONPATH", "")]))
+    code = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    try:
+        with open(section.path + ".counts.json") as f:
+            counts = json.load(f)
+    except FileNotFoundError:
+        counts = {}
+    ran = sum(row["passed"] + row["failed"] for row in counts.values())
+    on_gpu = [f"{row['gpu passed']} GPU tests of {name} passed" for name, row in counts.items() if row["gpu passed"]]
+    # exit status 5: no test selected (a dry run skips them at collection)
+    return (code == 0 if ran or code not in (0, 5) else None), on_gpu
 
 
-def part_interpreter(section, args):
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    section.add("fla's kernels (chunk kernels in float16, recurrent kernels in float32, one decoding step) on CPU "
-                "tensors through Triton's interpreter, in a process of its own with TRITON_INTERPRET=1.\n")
-    ok, counts, _ = run_pytest(section, INTERPRETER_FILES, env=env)
-    return ok and sum(r["passed"] for r in counts.values()) > 0, []
+# -- the training-step and op benchmarks ----------------------------------------------
+
+
+def part_train_step(section, args):
+    argv = [sys.executable, os.path.join(ROOT, "examples", "speed", "train_step.py"), "--rows",
+            *args.train_step_rows.split(","), "--row-limit", str(args.row_limit)]
+    if not cuda():
+        argv += ["--tiny", "--device", "cpu"]
+    code = stream(section, argv)
+    rows = [line for line in section.lines if line.startswith("| ") and "tokens/s" not in line]
+    ran = [row for row in rows if re.match(r"\| \d+ \| \S+ \| [\d,]+ \|", row)]
+    return code == 0 and len(ran) == len(rows), [f"the training-step benchmark above ({len(ran)} rows)"] if cuda() and ran else []
+
+
+def part_benchmark(section, args):
+    if not cuda():
+        section.add("skipped: needs CUDA")
+        return None, []
+    code = stream(section, [sys.executable, os.path.join(ROOT, "examples", "speed", "op_benchmark.py"), "--device",
+                            "cuda", "--quick"])
+    return code == 0, ["the op benchmark above"] if code == 0 else []
 
 
 # -- training --------------------------------------------------------------------------
@@ -162,6 +170,15 @@ def part_interpreter(section, args):
 
 def losses(log):
     return [float(x) for x in re.findall(r"train_inner \| .*? loss=([-+0-9.einfa]+)", log)]
+
+
+def update_times(log):
+    """(seconds from the start of training to the first update, median seconds of a later update), from
+    fairseq-train's --log-interval 1 lines: the first update pays for compiling (its wall clock is in whole
+    seconds), a later one's time is 1 / ups."""
+    walls = re.findall(r"train_inner \| .*?num_updates=1,.*? wall=([0-9.]+)", log)
+    later = [1 / float(x) for x in re.findall(r"train_inner \| .*? ups=([0-9.]+)", log)[1:] if float(x) > 0]
+    return (float(walls[0]) if walls else math.nan), (statistics.median(later) if later else math.nan)
 
 
 def part_training(section, args):
@@ -181,55 +198,43 @@ def part_training(section, args):
               ("language model (linear, delta)", "python -m fairseq_cli.train", lambda save, *flags: train_lm(
                   lm_bin, save, *flags, max_update=args.updates, as_module=True))]
     half = {"--fp16": torch.float16, "--bf16": torch.bfloat16, "--amp": torch.float16}
-    section.add(f"{args.updates} updates each, `--fwp-backend auto`, feature size D = 16 (4 heads of 16).\n")
+    section.add(f"{args.updates} updates each, `--fwp-backend auto`, feature size D = 16 (4 heads of 16). The "
+                "first update (from the start of training, whole seconds) pays for Triton's compile and autotune.\n")
     section.add("| model | launched as | precision | auto runs | first 10 losses (mean) | last 10 (mean) | "
-                "finite, falling | time |")
-    section.add("|---|---|---|---|---|---|---|---|")
+                "finite, falling | first update (s) | later updates (ms) | time |")
+    section.add("|---|---|---|---|---|---|---|---|---|---|")
     ok, on_gpu = True, []
     for name, launcher, train in models:
         for precision in PRECISIONS:
             if not cuda() and precision != "--bf16":
-                section.add(f"| {name} | {launcher} | {precision} | | | | skipped: needs CUDA | |")
+                section.add(f"| {name} | {launcher} | {precision} | | | | skipped: needs CUDA | | | |")
                 continue
             device = "cuda" if cuda() else "cpu"
             backend = resolved_name("auto", torch.zeros(1, 1, 2, 16, device=device, dtype=half[precision]), 16)
             start = time.time()
             try:
-                values = losses(train(os.path.join(work, re.sub(r"\W", "", name + precision)), precision))
+                log = train(os.path.join(work, re.sub(r"\W", "", name + precision)), precision)
             except RuntimeError as err:
                 section.add(f"| {name} | {launcher} | {precision} | {backend} | | | FAILED: "
-                            f"{' '.join(str(err).splitlines()[-3:])[:300]} | |")
+                            f"{' '.join(str(err).splitlines()[-3:])[:300]} | | | |")
                 ok = False
                 continue
+            values, (first, later) = losses(log), update_times(log)
             head, tail = values[:10], values[-10:]
             good = (len(values) >= min(args.updates, 20) and all(math.isfinite(x) for x in values)
                     and sum(tail) / len(tail) < sum(head) / len(head))
             ok &= good
             section.add(f"| {name} | {launcher} | {precision} | {backend} | {sum(head) / len(head):.3f} | "
-                        f"{sum(tail) / len(tail):.3f} | {'yes' if good else 'NO'} | {time.time() - start:.0f} s |")
+                        f"{sum(tail) / len(tail):.3f} | {'yes' if good else 'NO'} | {first:.0f} | {1e3 * later:.0f} | "
+                        f"{time.time() - start:.0f} s |")
             if good and cuda():
                 on_gpu.append(f"fairseq-train, {name}, {precision} ({launcher}): {len(values)} updates with "
                               f"backend {backend}, loss {sum(head) / len(head):.2f} -> {sum(tail) / len(tail):.2f}")
     return ok, on_gpu
 
 
-# -- benchmark ---------------------------------------------------------------------------
-
-
-def part_benchmark(section, args):
-    if not cuda():
-        section.add("skipped: needs CUDA")
-        return None, []
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "speed", "op_benchmark.py"), "--device",
-                           "cuda"], cwd=ROOT, capture_output=True, text=True)
-    section.add(proc.stdout + (f"\nexit status {proc.returncode}:\n```\n{proc.stderr[-3000:]}\n```"
-                               if proc.returncode else ""))
-    return proc.returncode == 0, ["the op benchmark above"] if proc.returncode == 0 else []
-
-
-PARTS = {"tests": ("Tests", part_tests), "training": ("fairseq-train in half precision", part_training),
-         "benchmark": ("Op benchmark", part_benchmark), "interpreter": ("fla through Triton's interpreter",
-                                                                        part_interpreter)}
+PARTS = {"tests": ("GPU tests", part_tests), "train-step": ("Training steps, GPT-2 small", part_train_step),
+         "benchmark": ("Op benchmark", part_benchmark), "training": ("fairseq-train in half precision", part_training)}
 OUTCOMES = {True: "passed", False: "FAILED", None: "skipped"}
 
 
@@ -266,25 +271,44 @@ class Report:
                 f.write("\n".join(lines) + "\n")
 
 
+def triton_cache_entries():
+    """How many compiled kernels Triton's cache folder holds (one folder each), or None without one."""
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    return len(os.listdir(folder)) if folder and os.path.isdir(folder) else None
+
+
+def first_row_line(text):
+    """The index of the first row of a markdown table in `text` below its header, or None."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines[2:], 2):
+        if line.startswith("| ") and lines[i - 1].startswith("|---"):
+            return i
+    return None
+
+
 def run_part(part, limit, report, args, tmp):
     """Runs `part` in a child process for at most `limit` seconds; returns its outcome."""
     title = PARTS[part][0]
     path = os.path.join(tmp, part + ".md")
-    argv = [sys.executable, os.path.abspath(__file__), "--child", part, "--section", path,
-            "--updates", str(args.updates)]
-    start = time.time()
+    argv = [sys.executable, os.path.abspath(__file__), "--child", part, "--section", path, "--updates",
+            str(args.updates), "--train-step-rows", args.train_step_rows, "--row-limit", str(args.row_limit)]
+    start, cached = time.time(), triton_cache_entries()
     child = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)  # its own group: stopped with its children
-    stopped = False
-    while child.poll() is None:
-        if time.time() - start > limit:
+    stopped, first_row = False, None
+    while True:
+        running = child.poll() is None
+        if running and time.time() - start > limit:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-            stopped = True
+            stopped, running = True, False
+        text = _read(path)
+        if first_row is None and first_row_line(text) is not None:
+            first_row = time.time() - start
+        if not running:
             break
-        time.sleep(2)
-        report.sections[part] = (title, _read(path))
+        report.sections[part] = (title, text)
         report.write()
-    text = _read(path)
+        time.sleep(1)
     if stopped:
         outcome, on_gpu = f"stopped at its time limit ({limit:.0f} s)", []
     elif os.path.exists(path + ".json"):
@@ -293,11 +317,16 @@ def run_part(part, limit, report, args, tmp):
         outcome, on_gpu = result["outcome"], result["on_gpu"]
     else:
         outcome, on_gpu = f"FAILED (the part's process exited with status {child.returncode})", []
-    report.sections[part] = (title, text + f"\n{outcome}, {time.time() - start:.0f} s.")
-    report.outcomes[part] = outcome
+    seconds = time.time() - start
+    first = f"first row after {first_row:.0f} s" if first_row is not None else "no row"
+    compiled = ("" if cached is None else
+                f" Triton's cache: {triton_cache_entries() - cached} kernels compiled in this part, "
+                f"{triton_cache_entries()} in all.")
+    report.sections[part] = (title, text.rstrip() + f"\n\n{outcome}, {seconds:.0f} s ({first}).{compiled}")
+    report.outcomes[part] = f"{outcome} ({seconds:.0f} s; {first})"
     report.on_gpu += on_gpu
     report.write()
-    print(f"[gpu check] {part}: {outcome} ({time.time() - start:.0f} s)", flush=True)
+    print(f"[gpu check] {part}: {outcome} ({seconds:.0f} s; {first})", flush=True)
     return outcome
 
 
@@ -311,18 +340,24 @@ def _read(path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--updates", type=int, default=50)
+    parser.add_argument("--updates", type=int, default=30, help="updates of each half-precision training")
+    parser.add_argument("--train-step-rows", default=TRAIN_STEP_ROWS,
+                        help="comma-separated rows of examples/speed/train_step.py for the train-step part")
+    parser.add_argument("--row-limit", type=float, default=40, help="seconds per row of the train-step part")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset to run, in this order")
     parser.add_argument("--report-dir", default=os.path.join(ROOT, "docs"))
     parser.add_argument("--report-name", default=None, help="default: gpu_check_<date>[_dry_run].md")
     parser.add_argument("--deadline", type=float, default=None, help="Unix time by which every part has ended")
+    parser.add_argument("--started", type=float, default=None, help="Unix time at which gpu_check.sh started")
     parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="multiplies every part's time limit (a dry run on a small CPU machine needs more)")
+                        help="multiplies every part's time limit and --row-limit (a dry run on a small CPU machine "
+                             "needs more)")
     parser.add_argument("--child", choices=list(PARTS), help=argparse.SUPPRESS)
     parser.add_argument("--section", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return run_child(args)
+    args.row_limit *= args.time_scale
     parts = args.parts.split(",")
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
@@ -331,6 +366,9 @@ def main(argv=None):
     paths = [os.path.join(args.report_dir, name)] + ([os.path.join(os.environ["OUT"], name)]
                                                       if os.environ.get("OUT") else [])
     report = Report(paths)
+    start = time.time()
+    if args.started:
+        report.header.append(f"- install: {start - args.started:.0f} s (gpu_check.sh, before the first part)")
     report.write()
     deadline = args.deadline or math.inf
     outcomes = []
@@ -342,6 +380,9 @@ def main(argv=None):
                 report.write()
                 continue
             outcomes.append(run_part(part, limit, report, args, tmp))
+    report.outcomes["all parts"] = f"{time.time() - start:.0f} s" + (
+        f"; the whole check {time.time() - args.started:.0f} s" if args.started else "")
+    report.write()
     print(f"[gpu check] report: {paths[0]}")
     return 1 if any(o.startswith("FAILED") for o in outcomes) else 0
 

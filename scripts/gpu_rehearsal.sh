@@ -20,5 +20,5 @@ IMAGE_PACKAGES=(torch==2.11.0 triton==3.6.0 numpy==2.5.2 cython pytest pytest-xd
 [[ -x .rehearsal/bin/python ]] || "$PYTHON" -m venv .rehearsal
 .rehearsal/bin/python -m pip install -q --disable-pip-version-check "${IMAGE_PACKAGES[@]}"
 [[ -f .whl/.python-3.12 ]] || { PYTHON_VERSION=3.12 bash scripts/gpu_wheels.sh && touch .whl/.python-3.12; }
-PYTHON=.rehearsal/bin/python GPU_CHECK_WORK=/tmp/fairseq_fwp_gpu_rehearsal GPU_CHECK_BUDGET=2400 \
+PYTHON=.rehearsal/bin/python GPU_CHECK_WORK=/tmp/fairseq_fwp_gpu_rehearsal GPU_CHECK_BUDGET=1440 \
     exec bash scripts/gpu_check.sh --time-scale 4 --report-name "gpu_check_$(date +%F)_rehearsal.md" "$@"

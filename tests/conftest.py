@@ -22,6 +22,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The GPU tests are the ones named test_gpu_*: marked gpu (scripts/gpu_check.py runs `-m gpu`), and
+    skipped without CUDA."""
+    for item in items:
+        if item.name.startswith("test_gpu_"):
+            item.add_marker(pytest.mark.gpu)
+            if not torch.cuda.is_available():
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
 @pytest.fixture(scope="session")
 def corpora(tmp_path_factory):
     """The built-in synthetic corpora (600 training pairs and lines, 43 of each evaluation split), written

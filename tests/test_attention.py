@@ -28,7 +28,6 @@ def decoder_inputs(d, B=3, T=7, seed=1):
     return prev
 
 
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def full_and_stepwise_decoder_outputs(model, d, device="cpu"):
@@ -81,7 +80,6 @@ def test_auto_logs_each_choice_once_per_model_with_its_reason(caplog):
                      "cpu tensors)"]
 
 
-@GPU
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_decoding_equals_full_forward(rule, dtype):

@@ -31,7 +31,6 @@ SHAPES = [
     (2, 1, 2 * C - 1, 130, 6),
     (1, 1, C + 3, 512, 9),
 ]
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -172,7 +171,6 @@ def to_cuda(inputs, dtype=None):
     return [None if x is None else x.detach().to("cuda", dtype or x.dtype).requires_grad_() for x in inputs]
 
 
-@GPU
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gpu_kernels_match_reference_float32(rule, shape):
@@ -182,7 +180,6 @@ def test_gpu_kernels_match_reference_float32(rule, shape):
     assert_all_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-@GPU
 @pytest.mark.parametrize("rule", RULES)
 def test_gpu_kernels_match_reference_float64(rule):
     inputs = to_cuda(make_inputs(2, 2, 3 * C + 5, 40, 13))
@@ -190,7 +187,6 @@ def test_gpu_kernels_match_reference_float64(rule):
                      rtol=1e-10, atol=1e-10)
 
 
-@GPU
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_kernels_half_types(rule, dtype):
@@ -203,7 +199,6 @@ def test_gpu_kernels_half_types(rule, dtype):
     assert_all_close(got, want, rtol=2e-2, atol=2e-2)
 
 
-@GPU
 @pytest.mark.parametrize("rule", RULES)
 def test_gpu_kernels_are_deterministic(rule):
     inputs = to_cuda(make_inputs(2, 2, 5 * C + 3, 512, 33, dtype=torch.float32))
@@ -212,7 +207,6 @@ def test_gpu_kernels_are_deterministic(rule):
     assert all(torch.equal(first[name], second[name]) for name in first)
 
 
-@GPU
 def test_gpu_auto_does_not_choose_the_kernels_before_their_gpu_check():
     from fairseq_fwp.ops.backends import resolved_name
 
@@ -220,7 +214,6 @@ def test_gpu_auto_does_not_choose_the_kernels_before_their_gpu_check():
         assert resolved_name("auto", torch.rand(1, 1, 4, D, device="cuda"), 64) != "cuda"
 
 
-@GPU
 @pytest.mark.parametrize("rule", RULES)
 def test_gpu_a_launch_above_the_shared_memory_limit_is_refused(rule, monkeypatch):
     from fairseq_fwp.ops import BackendUnavailableError
