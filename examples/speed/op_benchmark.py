@@ -3,7 +3,9 @@
     .venv/bin/python examples/speed/op_benchmark.py                 # CPU, float32 (a few minutes on 2 cores)
     .venv/bin/python examples/speed/op_benchmark.py --quick         # CPU, T = 256 only
     .venv/bin/python examples/speed/op_benchmark.py --device cuda   # GPU, bfloat16: the cuda and fla backends
-                                                                    # vs chunked vs flash SDPA (the GPU check)
+                                                                    # vs chunked vs flash SDPA (the GPU check:
+                                                                    # --quick); "first call" is the warm-up's
+                                                                    # time, Triton's compile and autotune
 
 On the CPU every case runs in a fresh subprocess so that its peak memory (the
 growth of the process's maximum resident set over the inputs) is its own; on
@@ -40,7 +42,8 @@ METHODS = ("reference-sum", "reference-delta", "chunked-sum", "chunked-delta", "
 CONFIGS = {"B2-H4-D64": (2, 4, 64), "B1-H8-D64": (1, 8, 64)}
 REFERENCE_MAX_T = 1024
 # The GPU table: B = 8, H = 8, D = 64 and 256, bfloat16.
-GPU_METHODS = ("cuda-sum", "cuda-delta", "fla-sum", "fla-delta", "chunked-sum", "chunked-delta", "softmax-sdpa")
+# Those that compile nothing first: the GPU check's part prints rows while Triton compiles fla's kernels.
+GPU_METHODS = ("softmax-sdpa", "chunked-sum", "chunked-delta", "fla-sum", "fla-delta", "cuda-sum", "cuda-delta")
 GPU_CONFIGS = {"B8-H8-D64": (8, 8, 64), "B8-H8-D256": (8, 8, 256)}
 GPU_LENGTHS = (512, 2048, 8192)
 
@@ -67,9 +70,14 @@ def _forward(method, q, k, v, beta):
     return fast_weight_delta(q, k, v, beta, backend=backend)[0]
 
 
-def _median_time(fn, reps, synchronize=lambda: None):
+def _median_time(fn, reps, synchronize=lambda: None, first=None):
+    """The median of `reps` timed calls after a warm-up call; `first` (a dict), if given, receives the
+    warm-up's seconds as "first_s": on a GPU, Triton's compile and autotune happen there."""
+    start = time.perf_counter()
     fn()  # warm-up
     synchronize()
+    if first is not None:
+        first.setdefault("first_s", time.perf_counter() - start)
     times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -117,7 +125,7 @@ def run_gpu_case(method, B, H, T, D):
     for name, fn in (("fwd_s", fwd), ("fwd_bwd_s", fwd_bwd)):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        result[name] = _median_time(fn, 10, torch.cuda.synchronize)
+        result[name] = _median_time(fn, 10, torch.cuda.synchronize, first=result)
         result["peak_mb" if name == "fwd_bwd_s" else "fwd_peak_mb"] = (
             (torch.cuda.max_memory_allocated() - base) / 2**20)
     return result
@@ -126,8 +134,8 @@ def run_gpu_case(method, B, H, T, D):
 def gpu_main(lengths):
     print(f"# fast-weight ops benchmark, bfloat16, {torch.cuda.get_device_name()}: "
           f"{machine_description(torch.get_num_threads())}")
-    print("| config | T | method | fwd (ms) | fwd+bwd (ms) | fwd peak (MB) | fwd+bwd peak (MB) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| config | T | method | fwd (ms) | fwd+bwd (ms) | fwd peak (MB) | fwd+bwd peak (MB) | first call (s) |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
     results = {}
     for name, (B, H, D) in GPU_CONFIGS.items():
         call = Call(rule=update_rule("delta"), dtype=torch.bfloat16, device=torch.device("cuda"), D=D, Dv=D, T=2,
@@ -135,19 +143,19 @@ def gpu_main(lengths):
         unfit = {name: unfit_reason(name, call) for name in ("cuda", "fla")}
         for backend, reason in unfit.items():
             if reason is not None:
-                print(f"| {name} | | {backend}-* | not run: {reason} | | | |")
+                print(f"| {name} | | {backend}-* | not run: {reason} | | | | |", flush=True)
         methods = [m for m in GPU_METHODS if unfit.get(m.split("-")[0]) is None]
         for T in lengths:
             for method in methods:
                 try:
                     r = run_gpu_case(method, B, H, T, D)
                 except Exception as err:  # e.g. out of memory, or a D or signature fla does not take
-                    print(f"| {name} | {T} | {method} | failed: {str(err).splitlines()[0][:80]} | | | |")
+                    print(f"| {name} | {T} | {method} | failed: {str(err).splitlines()[0][:80]} | | | | |", flush=True)
                     torch.cuda.empty_cache()
                     continue
                 results[name, T, method] = r
                 print(f"| {name} | {T} | {method} | {1e3 * r['fwd_s']:.2f} | {1e3 * r['fwd_bwd_s']:.2f} | "
-                      f"{r['fwd_peak_mb']:.0f} | {r['peak_mb']:.0f} |", flush=True)
+                      f"{r['fwd_peak_mb']:.0f} | {r['peak_mb']:.0f} | {r['first_s']:.2f} |", flush=True)
     print("\nRatios of time (higher = first method faster), same run: fwd+bwd (fwd)")
     for (name, T, method), r in results.items():
         backend, rule = method.split("-")
