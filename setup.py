@@ -57,6 +57,7 @@ setup(
     install_requires=[
         "torch>=2.4",  # torch.get_autocast_dtype
         "numpy",
+        "requests",  # uptrain --pretrained: fairseq's downloader of published models
     ],
     extras_require={
         # The `fairseq` package. Upstream 0.12.2 does not build on Python >= 3.11,

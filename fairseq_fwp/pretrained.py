@@ -4,28 +4,39 @@
         --fwp-feature-map dpfp --fwp-dpfp-nu 2
 
 ``--pretrained`` takes a name of fairseq's own hub (``TransformerModel.hub_models()``), an archive's URL
-(http(s):// through fairseq's downloader, with its progress bar and cache; file://), a local archive, or a
-folder: what fairseq's hub archives hold, ``model.pt`` beside ``dict.SRC.txt``, ``dict.TGT.txt`` and the
-BPE codes (``bpecodes``). The converted model is built from the checkpoint's own architecture and options
-(the user names only the --fwp-* flags of the row), and the output folder is laid out as the archive was:
-``model.pt`` (the fast-weight model, arch ``fwp_transformer``), the dictionaries and the codes, so that
-fairseq-generate, fairseq-interactive and ``TransformerModel.from_pretrained`` read it with the tokenizer
-and BPE settings of the original (and ``--user-dir`` naming the plugin). Ensembles (``model1.pt`` ...) are
-refused, naming the single model to convert instead.
+(http(s):// downloaded through fairseq's downloader into its cache, with its progress bar; file://), a
+local archive, or a folder: what fairseq's hub archives hold, ``model.pt`` beside ``dict.SRC.txt``,
+``dict.TGT.txt`` and the BPE codes (``bpecodes``). An archive is extracted once into CACHE (one folder per
+archive; an extraction that fails leaves nothing there). The converted model is built from the
+checkpoint's own architecture and options (the user names only the --fwp-* flags of the row), and the
+output folder is laid out as the archive was: ``model.pt`` (the fast-weight model, arch
+``fwp_transformer``), the dictionaries and the codes, so that fairseq-generate, fairseq-interactive and
+``TransformerModel.from_pretrained`` read it with the tokenizer and BPE settings of the original (and
+``--user-dir`` naming the plugin), and ``model.args``, the fairseq-train flags that build that model again
+(finetuning: ``fairseq-train DATA $(cat OUT/model.args) --finetune-from-model OUT/model.pt ...``).
+Ensembles (``model1.pt`` ...) are refused, naming the single model to convert instead.
 """
+import argparse
 import glob
 import hashlib
 import logging
 import os
+import re
+import shlex
 import shutil
 import tarfile
 import urllib.parse
+import zipfile
 
 logger = logging.getLogger("fairseq_fwp.uptrain")
 CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "fairseq_fwp", "pretrained")
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 # Options of the model that are not what it computes: where it ran, how it was trained.
 NOT_MODEL_OPTIONS = ("_name", "arch", "data", "user_dir")
+# What --pretrained uses after --: the row's flags, the language pair where the checkpoint lacks it, and the
+# attention transfer's batches. The model's own options come from its checkpoint.
+LANGUAGE_FLAGS = {"--source-lang": "source", "-s": "source", "--target-lang": "target", "-t": "target"}
+BATCH_FLAGS = ("--max-tokens", "--batch-size")
 
 
 def hub():
@@ -38,8 +49,6 @@ def hub():
 
 def fetch(pretrained):
     """The folder that holds the model `pretrained` names (see the module's docstring)."""
-    from fairseq import file_utils
-
     models = hub()
     location = models.get(pretrained, pretrained)
     if location.startswith("file://"):
@@ -49,9 +58,7 @@ def fetch(pretrained):
     elif os.path.isfile(location):
         folder = _extracted(location)
     elif urllib.parse.urlparse(location).scheme in ("http", "https", "s3"):
-        folder = file_utils.load_archive_file(location)  # downloads into fairseq's cache, with progress
-        if folder is None:
-            raise FileNotFoundError(f"could not download {location}")
+        folder = _downloaded(location)
     else:
         raise FileNotFoundError(f"--pretrained {pretrained}: neither a model of fairseq's hub ({', '.join(models)}) nor "
                                 "an archive or folder that exists")
@@ -59,22 +66,54 @@ def fetch(pretrained):
     return folder
 
 
-def _extracted(archive):
-    """A local archive, extracted once into the cache (the archive itself is left as it is)."""
+def _downloaded(url):
+    """An archive's URL, downloaded into fairseq's cache (PYTORCH_FAIRSEQ_CACHE) and extracted into ours; an
+    archive that does not extract is deleted from fairseq's cache, so that the next try downloads it anew."""
+    from fairseq import file_utils
+
+    try:
+        path = file_utils.cached_path(url)
+    except EnvironmentError as err:
+        raise FileNotFoundError(f"could not download {url}: {err}") from err
+    try:
+        return _extracted(path, url)
+    except ValueError:
+        for downloaded in (path, path + ".json"):  # the file and fairseq's record of its URL
+            if os.path.exists(downloaded):
+                os.remove(downloaded)
+        raise
+
+
+def _extracted(archive, name=None):
+    """A local archive, extracted once into the cache (the archive itself is left as it is). `name`: what
+    the user called it (a URL), for messages."""
+    name = name or archive
+    if zipfile.is_zipfile(archive):  # torch's checkpoints are zip files
+        raise ValueError(f"{name} is a checkpoint, not an archive: give the folder that holds it beside its "
+                         "dictionaries (dict.SRC.txt, dict.TGT.txt), or an archive of that folder")
     stat = os.stat(archive)
     key = hashlib.sha256(f"{os.path.abspath(archive)}:{stat.st_size}:{stat.st_mtime}".encode()).hexdigest()[:16]
     folder = os.path.join(CACHE, key)
-    if not os.path.isdir(folder):
-        staging = folder + ".part"
-        shutil.rmtree(staging, ignore_errors=True)
+    if os.path.isdir(folder):
+        return folder
+    staging = f"{folder}.part{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    opened = False
+    try:
         with tarfile.open(archive) as tar:
+            opened = True
             tar.extractall(staging, filter="data")
-        entries = os.listdir(staging)  # fairseq's archives hold one top folder
-        inner = os.path.join(staging, entries[0]) if len(entries) == 1 and os.path.isdir(
-            os.path.join(staging, entries[0])) else staging
-        os.makedirs(os.path.dirname(folder), exist_ok=True)
-        os.replace(inner, folder)
+    except (tarfile.TarError, EOFError, OSError) as err:  # OSError: a compressed stream that ends early
         shutil.rmtree(staging, ignore_errors=True)
+        what = (f"it ends early or is damaged: {type(err).__name__}: {err}" if opened
+                else "no tar archive, compressed or not, starts it")
+        raise ValueError(f"{name} is not a whole tar archive ({what}); download it again") from err
+    entries = os.listdir(staging)  # fairseq's archives hold one top folder
+    inner = os.path.join(staging, entries[0]) if len(entries) == 1 and os.path.isdir(
+        os.path.join(staging, entries[0])) else staging
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    os.replace(inner, folder)
+    shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 
@@ -90,42 +129,125 @@ def _check_single_model(pretrained, folder, models):
                      f"which a single fast-weight model cannot replace; convert {alternative} instead")
 
 
+def _transformer_parser():
+    from fairseq.models.transformer import TransformerModel
+
+    parser = argparse.ArgumentParser()
+    TransformerModel.add_args(parser)
+    return parser
+
+
 def model_options(checkpoint):
     """{option: value} of the checkpoint's Transformer: the options fairseq's TransformerModel defines and
     those its architectures derive from them (decoder_input_dim, ...); a legacy checkpoint keeps every option
     of its run in one flat namespace."""
-    import argparse
-
-    from fairseq.models.transformer import TransformerModel
     from fairseq.models.transformer.transformer_legacy import base_architecture
 
-    parser = argparse.ArgumentParser()
-    TransformerModel.add_args(parser)
     derived = argparse.Namespace()
     base_architecture(derived)
-    defined = {action.dest for action in parser._actions} | set(vars(derived))
+    defined = {action.dest for action in _transformer_parser()._actions} | set(vars(derived))
     model = checkpoint["cfg"]["model"]
     value = (lambda name: model[name]) if hasattr(model, "keys") else (lambda name: getattr(model, name))
     names = model.keys() if hasattr(model, "keys") else vars(model)
     return {name: value(name) for name in names if name in defined and name not in NOT_MODEL_OPTIONS}
 
 
-def train_argv(folder, checkpoint, fwp_argv):
-    """The fairseq-train arguments a fast-weight twin of the checkpoint's model is built from: its translation
-    task on the folder's dictionaries, arch fwp_transformer, the --fwp-* flags; the model's own options are
-    applied over them (uptrain.convert's model_options)."""
+def option_flags(options):
+    """The command-line flags that give `options` (model_options) to fairseq-train: every option that has a
+    flag and a value (an off switch is its absence)."""
+    actions = {action.dest: action for action in _transformer_parser()._actions if action.option_strings}
+    flags = []
+    for name, value in options.items():
+        action = actions.get(name)
+        if action is None or value is None or value is False:
+            continue
+        flags += [action.option_strings[0]] if value is True and action.nargs == 0 else [action.option_strings[0],
+                                                                                          str(value)]
+    return flags
+
+
+def split_row_flags(argv):
+    """What --pretrained takes after --: ({"source": .., "target": ..} given, the attention transfer's batch
+    flags, the --fwp-* flags). Any other flag is refused by name: the model's options come from the checkpoint."""
+    languages, batch, fwp = {}, [], []
+    tokens = iter(argv)
+    for token in tokens:
+        flag, _, inline = token.partition("=")
+        if flag.startswith("--fwp-"):  # each takes a value
+            fwp += [token] if inline else [token, next(tokens, "")]
+        elif flag in LANGUAGE_FLAGS:
+            languages[LANGUAGE_FLAGS[flag]] = inline or next(tokens, "")
+        elif flag in BATCH_FLAGS:
+            batch += [flag, inline or next(tokens, "")]
+        else:
+            raise ValueError(f"{token} after --: --pretrained takes the model's own options from its checkpoint; after "
+                             "-- it uses only --fwp-* flags, --source-lang and --target-lang (where the checkpoint "
+                             "lacks them) and --max-tokens or --batch-size (attention transfer's batches)")
+    return languages, batch, fwp
+
+
+def language_pair(pretrained, folder, checkpoint, given):
+    """(source, target): the checkpoint's own, or else the archive's dictionaries' (their sizes, or the pair in
+    its name where both have one size), or else the one given after --."""
     task = checkpoint["cfg"]["task"]
-    if not (task.get("source_lang") and task.get("target_lang")):
-        raise ValueError(f"{folder}/model.pt does not say its language pair (its task's source_lang and target_lang)")
-    return [folder, "--user-dir", PLUGIN_DIR, "--task", "translation", "--source-lang", task["source_lang"],
-            "--target-lang", task["target_lang"], "--arch", "fwp_transformer", *fwp_argv]
+    if task.get("_name") != "translation":
+        raise ValueError(f"{folder}/model.pt is the checkpoint of a {task.get('_name')} model (its task), not of a "
+                         "translation model: --pretrained converts translation models; convert a language model with "
+                         "--softmax-checkpoint (docs/uptraining.md)")
+    saved = {"source": task.get("source_lang"), "target": task.get("target_lang")}
+    for side, language in given.items():
+        if saved[side] and saved[side] != language:
+            raise ValueError(f"--{side}-lang {language} after --, but {folder}/model.pt was trained with "
+                             f"{saved[side]} as its {side} language")
+    pair = {side: saved[side] or given.get(side) or _language_from_dictionaries(pretrained, folder, checkpoint, side)
+            for side in ("source", "target")}
+    return pair["source"], pair["target"]
 
 
-def write_folder(folder, converted, out):
-    """The output folder, laid out as the archive: model.pt (the converted checkpoint, `converted`), and the
-    archive's dictionaries and BPE codes."""
+def _language_from_dictionaries(pretrained, folder, checkpoint, side):
+    languages = sorted(re.fullmatch(r"dict\.(.+)\.txt", os.path.basename(p)).group(1)
+                       for p in glob.glob(os.path.join(folder, "dict.*.txt")))
+    unknown = ValueError(f"{folder}/model.pt does not say its language pair (its task's source_lang and target_lang), "
+                         f"and its dictionaries ({', '.join(f'dict.{x}.txt' for x in languages) or 'none'}) do not tell "
+                         "which is which: give --source-lang and --target-lang after --")
+    if len(languages) != 2:
+        raise unknown
+    embedding = {"source": "encoder.embed_tokens.weight", "target": "decoder.embed_tokens.weight"}
+    rows = checkpoint["model"][embedding[side]].shape[0]
+    fitting = [x for x in languages if _dictionary_size(os.path.join(folder, f"dict.{x}.txt")) == rows]
+    if len(fitting) == 1:
+        return fitting[0]
+    for first, second in (languages, languages[::-1]):  # one size for both: the pair named in the archive's name
+        if re.search(rf"(^|[^a-z]){re.escape(first)}-{re.escape(second)}([^a-z]|$)", f"{pretrained} {folder}"):
+            return first if side == "source" else second
+    raise unknown
+
+
+def _dictionary_size(path):
+    from fairseq.data import Dictionary
+
+    return len(Dictionary.load(path))
+
+
+def train_argv(pretrained, folder, checkpoint, row_argv, data=None):
+    """(the fairseq-train arguments of the fast-weight twin of the checkpoint's model, the flags of its model
+    alone): its translation task on `data` (default: the folder's dictionaries), arch fwp_transformer with
+    the model's own options as flags (so that the row's --fwp-* flags are checked against them), the row's
+    flags; the second is what OUT/model.args holds."""
+    given, batch, fwp = split_row_flags(row_argv)
+    source, target = language_pair(pretrained, folder, checkpoint, given)
+    model = ["--user-dir", PLUGIN_DIR, "--task", "translation", "--source-lang", source, "--target-lang", target,
+             "--arch", "fwp_transformer", *option_flags(model_options(checkpoint)), *fwp]
+    return [data or folder, *model, *batch], model
+
+
+def write_folder(folder, converted, out, argv):
+    """The output folder, laid out as the archive: model.pt (the converted checkpoint, `converted`), the
+    archive's dictionaries and BPE codes, and model.args (`argv`, the model's fairseq-train flags)."""
     os.makedirs(out, exist_ok=True)
     for path in glob.glob(os.path.join(folder, "dict.*.txt")) + glob.glob(os.path.join(folder, "bpecodes")) + \
             glob.glob(os.path.join(folder, "code")) + glob.glob(os.path.join(folder, "sentencepiece.bpe.model")):
         shutil.copy(path, out)
+    with open(os.path.join(out, "model.args"), "w") as f:
+        f.write(shlex.join(argv) + "\n")
     os.replace(converted, os.path.join(out, "model.pt"))

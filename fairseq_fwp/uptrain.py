@@ -35,9 +35,11 @@ batches, to reproduce the softmax attentions they replace (attention_transfer.py
 starts from a model that already attends almost as the softmax one did.
 """
 import argparse
+import dataclasses
 import itertools
 import logging
 import os
+import shlex
 import sys
 
 import torch
@@ -65,10 +67,11 @@ COMPUTATION_FIELDS = (
 
 def computation_differences(source, target, labels=("softmax", "fast-weight")):
     """``name: softmax X, fast-weight Y`` (or other labels) for every COMPUTATION_FIELDS option the two model
-    configs set differently (options one of them lacks are skipped; unset counts as off)."""
+    configs set differently (options one of them lacks are skipped; unset counts as off; a number typed on a
+    command line, which some of fairseq's options keep as its text, equals the number)."""
     def value(cfg, name):
         x = getattr(cfg, name, None)
-        return False if x is None else str(x) if not isinstance(x, (bool, int, float)) else x
+        return str(False if x is None else x)
 
     missing = object()
     return [f"{name}: {labels[0]} {value(source, name)}, {labels[1]} {value(target, name)}" for name in COMPUTATION_FIELDS
@@ -78,10 +81,20 @@ def computation_differences(source, target, labels=("softmax", "fast-weight")):
 
 def model_differences(saved, model):
     """computation_differences, and every --fwp-* option the two configs set differently: how a model saved
-    (a conversion) and the one a command builds would compute differently although their parameters fit."""
+    (a conversion) and the one a command builds would compute differently although their parameters fit. An
+    option a config lacks (saved before the flag existed) counts as the flag's default, which computes as
+    the code before it did."""
+    from .models.fwp_config import FastWeightConfig
+
+    defaults = {field.name: field.default for field in dataclasses.fields(FastWeightConfig)}
     names = sorted({name for cfg in (saved, model) for name in (cfg.keys() if hasattr(cfg, "keys") else vars(cfg))
                     if name.startswith("fwp_") and name != "fwp_sum_norm"})
-    saved_value, built_value = ({name: str(getattr(cfg, name, None)) for name in names} for cfg in (saved, model))
+
+    def value(cfg, name):
+        given = getattr(cfg, name, None)
+        return str(defaults.get(name) if given is None else given)
+
+    saved_value, built_value = ({name: value(cfg, name) for name in names} for cfg in (saved, model))
     return computation_differences(saved, model, ("saved", "built")) + [
         f"{name}: saved {saved_value[name]}, built {built_value[name]}" for name in names
         if saved_value[name] != built_value[name]]
@@ -160,23 +173,29 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
     torch.manual_seed(cfg.common.seed)  # the new parameters' initialisation, as fairseq-train would draw it
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)  # builders settle some options (the LM's positions): compare after
-    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(softmax_checkpoint)
+    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(softmax_checkpoint)  # a legacy `args` becomes its cfg
     differences = computation_differences(checkpoint["cfg"]["model"], cfg.model)
     if differences:
         hint = " (fwp_transformer_lm: --fwp-positions on)" if any("positional" in d for d in differences) else ""
         raise ValueError("the fast-weight model would compute differently from the softmax checkpoint beyond its "
                          f"attention; give the softmax model's options after --{hint}:\n  " + "\n  ".join(differences))
-    state, fresh = transfer(checkpoint["model"], model.state_dict())
+    # The softmax model as fairseq's loader builds it: its state dict upgraded from older layouts (fused
+    # in_proj, layer_norms.N, no output projection) by fairseq's own upgrade_state_dict_named. Its weights
+    # leave the checkpoint, which is saved again without them.
+    softmax = task.build_model(checkpoint["cfg"]["model"])
+    softmax.load_state_dict(checkpoint.pop("model"), strict=True, model_cfg=checkpoint["cfg"]["model"])
+    state, fresh = transfer(softmax.state_dict(), model.state_dict())
     check_only_attentions_are_fresh(model, fresh)
     model.load_state_dict(state, strict=True)  # the target's own check that nothing is missing
     for attention in model.modules():
         if isinstance(attention, FastWeightAttention) and added_modules == "ungated":
             attention.start_as_ungated()
     if transfer_steps:
-        transfer_attention(softmax_checkpoint, model, task, cfg, transfer_steps, transfer_lr)
-    # a model at update 0: no optimizer state, no position in an epoch
+        transfer_attention(softmax, model, task, cfg, transfer_steps, transfer_lr)
+    # a model at update 0: no optimizer state, no position in an epoch; no legacy `args`, from which fairseq's
+    # loader would rebuild the softmax model
     last = checkpoint["optimizer_history"][-1]
-    checkpoint.update(model=model.state_dict(), cfg=OmegaConf.to_container(cfg), last_optimizer_state=None,
+    checkpoint.update(model=model.state_dict(), cfg=OmegaConf.to_container(cfg), args=None, last_optimizer_state=None,
                       optimizer_history=[{"criterion_name": last["criterion_name"], "optimizer_name": last["optimizer_name"],
                                           "lr_scheduler_state": {}, "num_updates": 0}],
                       extra_state={"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}, "val_loss": None})
@@ -191,15 +210,14 @@ def final_learning_rate(checkpoint_path):
     return state["param_groups"][0]["lr"] if state else None
 
 
-def transfer_attention(softmax_checkpoint, model, task, cfg, steps, lr):
+def transfer_attention(teacher, model, task, cfg, steps, lr):
     """Attention transfer on the training batches fairseq-train would read (attention_transfer.py)."""
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
 
     from .attention_transfer import AttentionTransfer
 
     if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:
         raise ValueError("attention transfer reads training batches: give --max-tokens or --batch-size after --")
-    (teacher,), _ = checkpoint_utils.load_model_ensemble([softmax_checkpoint], task=task)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     teacher.to(device), model.to(device)
     split = cfg.dataset.train_subset
@@ -218,22 +236,42 @@ def transfer_attention(softmax_checkpoint, model, task, cfg, steps, lr):
     model.cpu()
 
 
-def convert_pretrained(pretrained, out, fwp_argv, added_modules="ungated"):
+def convert_pretrained(pretrained, out, row_argv, added_modules="ungated", data=None, transfer_steps=0,
+                       transfer_lr=DEFAULT_LR):
     """A published fairseq translation model (pretrained.py: a hub name, URL, archive or folder) converted
-    into the fast-weight model the --fwp-* flags `fwp_argv` name, with the original's own architecture and
-    options, written as a model folder at `out`. Returns the names that were not copied."""
+    into the fast-weight model the --fwp-* flags of `row_argv` name, with the original's own architecture and
+    options, written as a model folder at `out`; `data` (binarised with the archive's dictionaries) gives
+    attention transfer its batches. Returns (the names that were not copied, the model's fairseq-train
+    flags: OUT/model.args)."""
     from fairseq import checkpoint_utils
 
     from . import pretrained as published
 
     folder = published.fetch(pretrained)
-    logger.info(f"the original: {os.path.join(folder, 'model.pt')} (the teacher of --criterion fwp_distillation)")
-    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(folder, "model.pt"))
+    original = os.path.join(folder, "model.pt")
+    logger.info(f"the original: {original} (the teacher of --criterion fwp_distillation)")
+    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(original)
+    argv, model_args = published.train_argv(pretrained, folder, checkpoint, row_argv, data)
+    os.makedirs(out, exist_ok=True)
     converted = os.path.join(out, "model.pt.part")
-    fresh = convert(os.path.join(folder, "model.pt"), converted, published.train_argv(folder, checkpoint, fwp_argv),
-                    added_modules=added_modules, model_options=published.model_options(checkpoint))
-    published.write_folder(folder, converted, out)
-    return fresh
+    fresh = convert(original, converted, argv, transfer_steps, transfer_lr, added_modules,
+                    model_options=published.model_options(checkpoint))
+    published.write_folder(folder, converted, out, model_args)
+    return fresh, model_args
+
+
+def finetune_command(out, data):
+    """The fairseq-train command that finetunes a conversion of --pretrained at `out` (its model.args), with a
+    finetuning recipe of the published models' kind; more flags may follow it."""
+    return shlex.join(["fairseq-train", data or "DATA"]) + f" $(cat {shlex.quote(os.path.join(out, 'model.args'))}) " + \
+        shlex.join(["--finetune-from-model", os.path.join(out, "model.pt"), *FINETUNE_RECIPE,
+                    "--save-dir", os.path.join(out, "finetuned")])
+
+
+# Finetuning after --pretrained, as the published models were trained (Ott et al., 2018), with warmup anew.
+FINETUNE_RECIPE = ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
+                   "--adam-betas", "(0.9,0.98)", "--lr", "0.0005", "--lr-scheduler", "inverse_sqrt",
+                   "--warmup-updates", "1000", "--max-tokens", "3584"]
 
 
 def main(argv=None):
@@ -253,6 +291,8 @@ def main(argv=None):
                              "transformer.wmt16.en-de), an archive's URL, a local archive or folder (give only the "
                              "--fwp-* flags after --; --out is then a folder)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--data", help="with --pretrained: the training data, binarised with the archive's "
+                                       "dictionaries (attention transfer's batches; the printed finetune command)")
     parser.add_argument("--attention-transfer-steps", type=int, default=0, metavar="N",
                         help="train the converted attentions on the softmax ones for N steps first (default 0: none)")
     parser.add_argument("--attention-transfer-lr", type=float, default=DEFAULT_LR, metavar="LR",
@@ -265,14 +305,21 @@ def main(argv=None):
     if args.attention_transfer_steps < 0:
         parser.error(f"--attention-transfer-steps must be >= 0, got {args.attention_transfer_steps}")
     if args.pretrained:
-        if args.attention_transfer_steps:
-            parser.error("--attention-transfer-steps reads training batches: with --pretrained, run it as "
-                         "--softmax-checkpoint on the original's model.pt (the conversion logs where it is) with the "
-                         "training data's fairseq-train arguments after -- (docs/uptraining.md)")
-        fresh = convert_pretrained(args.pretrained, args.out, argv[split + 1:], args.added_modules)
-        logger.info(f"wrote {args.out}/ (model.pt, dictionaries, BPE codes); initialised afresh: "
-                    f"{', '.join(fresh) if fresh else 'nothing'}")
+        if args.attention_transfer_steps and not args.data:
+            parser.error("--attention-transfer-steps reads training batches: with --pretrained, give --data (the "
+                         "training data, binarised with the archive's dictionaries) and --max-tokens after --")
+        try:
+            fresh, _ = convert_pretrained(args.pretrained, args.out, argv[split + 1:], args.added_modules, args.data,
+                                          args.attention_transfer_steps, args.attention_transfer_lr)
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"uptrain: {err}")
+        logger.info(f"wrote {args.out}/ (model.pt, the dictionaries, the BPE codes, model.args); initialised "
+                    f"afresh: {', '.join(fresh) if fresh else 'nothing'}\nnext, finetune it"
+                    f"{'' if args.data else ' on your training data binarised with its dictionaries'} (more flags may "
+                    f"follow: --max-update, --update-freq, --fp16, ...):\n  {finetune_command(args.out, args.data)}")
         return
+    if args.data:
+        parser.error("--data is for --pretrained: with --softmax-checkpoint the data comes first after --")
     fresh = convert(args.softmax_checkpoint, args.out, argv[split + 1:], args.attention_transfer_steps,
                     args.attention_transfer_lr, args.added_modules)
     logger.info(f"wrote {args.out}; initialised afresh: {', '.join(fresh) if fresh else 'nothing'}; the softmax "

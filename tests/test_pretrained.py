@@ -49,11 +49,18 @@ def archive(tmp_path_factory):
 def test_a_published_model_converts_in_one_command_and_translates(archive, tmp_path):
     out = tmp_path / "dpfp"
     proc = subprocess.run([sys.executable, "-m", "fairseq_fwp.uptrain", "--pretrained",
-                           f"file://{archive['archive']}", "--out", out, "--", "--fwp-feature-map", "dpfp",
-                           "--fwp-dpfp-nu", "2"], capture_output=True, text=True, cwd=ROOT,
+                           f"file://{archive['archive']}", "--out", out, "--data", archive["prepared"] / "bin", "--",
+                           "--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2"], capture_output=True, text=True, cwd=ROOT,
                           env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(os.listdir(out)) == ["bpecodes", "dict.src.txt", "dict.tgt.txt", "model.pt"]
+    assert sorted(os.listdir(out)) == ["bpecodes", "dict.src.txt", "dict.tgt.txt", "model.args", "model.pt"]
+    # the next step, as uptrain prints it, runs as written: finetuning at the checkpoint's own architecture
+    command = proc.stderr.split("next, finetune it")[1].split(":\n  ", 1)[1].splitlines()[0]
+    finetuned = subprocess.run(["bash", "-c", command + " --max-update 2"], capture_output=True, text=True,
+                               cwd=ROOT, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"]))
+    assert finetuned.returncode == 0, finetuned.stdout[-3000:] + finetuned.stderr[-3000:]
+    log = finetuned.stdout + finetuned.stderr
+    assert "done training" in log and "was saved from another model" not in log
     model_cfg = torch.load(out / "model.pt", weights_only=False)["cfg"]["model"]
     model_cfg = model_cfg if isinstance(model_cfg, dict) else vars(model_cfg)
     assert (model_cfg["arch"], model_cfg["encoder_layers"], model_cfg["fwp_dpfp_nu"]) == ("fwp_transformer", 2, 2)

@@ -285,6 +285,19 @@ def test_deltaproducts_extra_writes_start_as_copies_with_beta_near_zero():
     assert (got - want).abs().max() / want.abs().max() < 1e-3
 
 
+def test_an_option_a_saved_config_lacks_counts_as_its_default():
+    import argparse
+
+    from fairseq_fwp.uptrain import model_differences
+
+    built = argparse.Namespace(fwp_feature_map="dpfp", fwp_dpfp_nu=2, fwp_decoder_qk_norm="auto",
+                               fwp_householder_steps=1, fwp_negative_eigenvalues="off")
+    saved = argparse.Namespace(fwp_feature_map="dpfp", fwp_dpfp_nu=2)  # converted before the last three existed
+    assert model_differences(saved, built) == []
+    saved.fwp_dpfp_nu, built.fwp_householder_steps = 3, 2
+    assert model_differences(saved, built) == ["fwp_dpfp_nu: saved 3, built 2", "fwp_householder_steps: saved 1, built 2"]
+
+
 @pytest.mark.slow
 def test_finetuning_a_conversion_with_other_options_warns_naming_them(softmax_translation, tmp_path):
     """Parameters of the same shapes load silently into a model that computes otherwise (DPFP-nu changes no

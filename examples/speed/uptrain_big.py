@@ -5,7 +5,8 @@ each converted model beside the softmax original.
 
     .venv/bin/python examples/speed/uptrain_big.py --out /tmp/uptrain_big [--sentences 16]
 
-The model is packed as fairseq's archives are (model.pt, dict.en.txt, dict.de.txt, bpecodes) and converted
+The model is saved as the published ones were (its config as `args` alone) and packed as fairseq's archives
+are (model.pt, dict.en.txt, dict.de.txt, bpecodes), and converted
 with `python -m fairseq_fwp.uptrain --pretrained FOLDER`, each in a process of its own whose peak resident
 memory is reported. The batch: --sentences source sentences of 20 random words, beam 4, at most 30 target
 tokens (random weights never stop earlier), one thread per process.
@@ -21,7 +22,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+import fairseq_fwp  # noqa: E402,F401  (torch.load of fairseq's checkpoints)
 from examples.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
+from examples.recipes.published_layouts import write_archive  # noqa: E402
 from examples.recipes.wmt16_uptraining import WMT16_ROWS  # noqa: E402
 
 TYPES = 32768
@@ -30,32 +33,17 @@ MEASURED = ("import resource, sys, time; sys.argv = ['uptrain'] + sys.argv[1:]; 
             "print(f'SECONDS {time.time() - start:.1f} PEAK_MB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}')")
 
 
-def write_dictionary(path):
-    with open(path, "w") as f:
-        for i in range(TYPES - 4):  # fairseq adds its 4 specials
-            f.write(f"w{i} 1\n")
-
-
 def published_stand_in(out):
-    """A random transformer_vaswani_wmt_en_de_big packed as fairseq's archives (and the test text)."""
+    """A random transformer_vaswani_wmt_en_de_big packed as fairseq's archives, saved as the published ones
+    were (args only); returns (its folder, its parameter count)."""
+    import torch
+
     folder = os.path.join(out, "published")
-    os.makedirs(folder, exist_ok=True)
-    for lang in ("en", "de"):
-        write_dictionary(os.path.join(folder, f"dict.{lang}.txt"))
-    open(os.path.join(folder, "bpecodes"), "w").write("#version: 0.2\n")
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); import torch; from fairseq import options, tasks; "
-            "from fairseq.dataclass.utils import convert_namespace_to_omegaconf; "
-            "from omegaconf import OmegaConf; "
-            f"args = options.parse_args_and_arch(options.get_training_parser(), [{folder!r}, '--task', 'translation', "
-            "'-s', 'en', '-t', 'de', '--arch', 'transformer_vaswani_wmt_en_de_big', '--share-all-embeddings']); "
-            "cfg = convert_namespace_to_omegaconf(args); model = tasks.setup_task(cfg.task).build_model(cfg.model); "
-            "print('PARAMETERS', sum(p.numel() for p in model.parameters())); "
-            "torch.save({'args': None, 'cfg': OmegaConf.to_container(cfg), 'model': model.state_dict(), "
-            "'optimizer_history': [{'criterion_name': 'LabelSmoothedCrossEntropyCriterion', 'optimizer_name': "
-            "'FairseqAdam', 'lr_scheduler_state': {}, 'num_updates': 0}], 'extra_state': {}, "
-            f"'last_optimizer_state': None}}, {os.path.join(folder, 'model.pt')!r})")
-    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    return folder, int(re.search(r"PARAMETERS (\d+)", output).group(1))
+    write_archive(folder, "transformer_vaswani_wmt_en_de_big", "args", ["--share-all-embeddings"],
+                  words=[f"w{i}" for i in range(TYPES - 4)])  # fairseq adds its 4 specials
+    state = torch.load(os.path.join(folder, "model.pt"), weights_only=False)["model"]
+    unique = {x.data_ptr(): x.numel() for name, x in state.items() if not name.endswith("version")}  # shared once
+    return folder, sum(unique.values())
 
 
 def test_batch(out, folder, sentences):

@@ -1,0 +1,97 @@
+"""Stand-ins for fairseq's published translation archives, saved as the 2018-2019 fairseq that wrote them saved.
+
+The published models (transformer.wmt14.en-fr, transformer.wmt16.en-de, transformer.wmt19.*) are checkpoints
+whose config is an argparse Namespace (``args``, no ``cfg``), some in older state-dict layouts that today's
+fairseq upgrades when it loads them (``upgrade_state_dict_named``):
+
+- ``in-proj``: every attention's query, key and value projections fused into ``in_proj_weight`` and
+  ``in_proj_bias``;
+- ``layer-norms``: an encoder layer's norms as ``layer_norms.0`` and ``layer_norms.1``;
+- ``no-output-projection``: no ``decoder.output_projection.weight`` (the decoder reads its embeddings, or its
+  own ``decoder.embed_out`` where they are not shared);
+- ``args``: today's keys, the config as ``args`` only.
+
+``write_archive`` builds a softmax Transformer of any fairseq architecture with random weights, through
+``TransformerModel.build_model(args, task)`` as old fairseq did, saves it in one layout and packs it as
+fairseq packs its archives: a folder with model.pt, dict.SRC.txt, dict.TGT.txt and bpecodes.
+"""
+import argparse
+import os
+
+import torch
+
+LAYOUTS = ("args", "in-proj", "layer-norms", "no-output-projection")
+
+
+def write_dictionary(path, words):
+    with open(path, "w") as f:
+        f.writelines(f"{word} 1\n" for word in words)
+
+
+def write_archive(folder, arch, layout="args", model_flags=(), source="en", target="de", words=None, seed=0,
+                  record_languages=True, target_words=None):
+    """A softmax model of `arch` (with `model_flags`, e.g. widths) in `layout`, packed in `folder`; the
+    dictionaries hold `words` (default: w0 ... w99) on both sides, or `target_words` on the target side.
+    Without `record_languages` the config says no language pair, as fairseq-train saved it when the pair
+    was found from the data's file names. Returns the model's arguments (the Namespace saved as its config)."""
+    from fairseq import options, tasks
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+    os.makedirs(folder, exist_ok=True)
+    words = words or [f"w{i}" for i in range(100)]
+    write_dictionary(os.path.join(folder, f"dict.{source}.txt"), words)
+    write_dictionary(os.path.join(folder, f"dict.{target}.txt"), target_words or words)
+    with open(os.path.join(folder, "bpecodes"), "w") as f:
+        f.write("#version: 0.2\n")
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        folder, "--task", "translation", "--source-lang", source, "--target-lang", target, "--arch", arch,
+        *map(str, model_flags)])
+    torch.manual_seed(seed)
+    from fairseq.models.transformer import TransformerModel
+
+    model = TransformerModel.build_model(args, tasks.setup_task(args))
+    state = legacy_state_dict(model.state_dict(), layout, shared=model.decoder.share_input_output_embed)
+    if not record_languages:
+        args.source_lang = args.target_lang = None
+    torch.save({"args": args, "model": state, "optimizer_history": [
+        {"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
+         "lr_scheduler_state": {"best": None}, "num_updates": 1000}],
+        "extra_state": {"train_iterator": {"epoch": 1}, "val_loss": None}, "last_optimizer_state": None},
+        os.path.join(folder, "model.pt"))
+    return args
+
+
+def legacy_state_dict(state, layout, shared):
+    """Today's state dict of a fairseq Transformer in one of the older layouts."""
+    state = dict(state)
+    if layout == "in-proj":
+        prefixes = {name[:-len("q_proj.weight")] for name in state if name.endswith("q_proj.weight")}
+        for prefix in prefixes:
+            for kind in ("weight", "bias"):
+                parts = [state.pop(f"{prefix}{p}_proj.{kind}") for p in "qkv"]
+                state[f"{prefix}in_proj_{kind}"] = torch.cat(parts)
+    elif layout == "layer-norms":
+        for name in [n for n in state if n.startswith("encoder.layers.")]:
+            for index, norm in enumerate(("self_attn_layer_norm", "final_layer_norm")):
+                if f".{norm}." in name:
+                    state[name.replace(f".{norm}.", f".layer_norms.{index}.")] = state.pop(name)
+    elif layout == "no-output-projection":
+        projection = state.pop("decoder.output_projection.weight")
+        if not shared:
+            state["decoder.embed_out"] = projection
+    return state
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Write a stand-in of a published fairseq translation archive.")
+    parser.add_argument("folder")
+    parser.add_argument("--arch", default="transformer_vaswani_wmt_en_de_big")
+    parser.add_argument("--layout", choices=LAYOUTS, default="args")
+    parser.add_argument("model_flags", nargs=argparse.REMAINDER, help="-- then model flags (widths, layers)")
+    args = parser.parse_args(argv)
+    write_archive(args.folder, args.arch, args.layout, [a for a in args.model_flags if a != "--"])
+
+
+if __name__ == "__main__":
+    main()
