@@ -32,8 +32,14 @@
    the command line builds, also one that computes otherwise (untied
    embeddings beside a tied conversion, another feature map of the same
    size): the plugin warns, naming every option that differs.
+8. A checkpoint whose architecture, feature map or update rule a --user-dir
+   registered, loaded without it, ended in fairseq's ``IndexError:
+   Replacement index 1 out of range`` (its message about an unknown model
+   type fails to format). Loading a model now says which registration is
+   missing and which --user-dir the checkpoint was trained with.
 """
 import argparse
+import contextvars
 import functools
 import importlib.util
 import logging
@@ -147,7 +153,7 @@ def _patch_checkpoint_saving():
 
 class _HelpWithEveryOption(argparse._HelpAction):
     """--help that lets fairseq's first parse pass (model and task options not added yet) and prints at the
-    next one."""
+    next one; without --arch there is no next one (fairseq adds no model's options), so it prints at once."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         if not getattr(self, "_fwp_deferred", False):
@@ -161,9 +167,14 @@ def _patch_help_to_list_every_option():
 
     def make(original):
         def parse_args_and_arch(parser, *args, **kwargs):
+            input_args = args[0] if args else kwargs.get("input_args")
+            arch = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+            arch.add_argument("--arch", "-a")
+            arch_given = arch.parse_known_args(input_args)[0].arch is not None
             for action in parser._actions:
-                if type(action) is argparse._HelpAction:
+                if isinstance(action, argparse._HelpAction):
                     action.__class__ = _HelpWithEveryOption
+                    action._fwp_deferred = not arch_given
             return original(parser, *args, **kwargs)
         return parse_args_and_arch
 
@@ -203,9 +214,58 @@ def _patch_finetuning_to_compare_models():
     _replace(checkpoint_utils, "load_checkpoint", make)
 
 
+_loading_models = contextvars.ContextVar("fwp_loading_models", default=False)
+
+
+def missing_registrations(path, cfg):
+    """Raises ValueError where the model config of the checkpoint at `path` names an architecture, feature map
+    or update rule that this process has not registered (its --user-dir was not named)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    from .models.fwp_config import registered_choices
+
+    model = cfg["model"]
+    get = (lambda name: model.get(name)) if hasattr(model, "get") else (lambda name: getattr(model, name, None))
+    arch = get("arch") or get("_name")
+    missing = [] if arch in ARCH_MODEL_REGISTRY or arch in MODEL_REGISTRY else [f"the architecture {arch}"]
+    for dest, choices in registered_choices().items():
+        if get(dest) is not None and str(get(dest)) not in choices:
+            missing.append(f"--{dest.replace('_', '-')} {get(dest)}")
+    if missing:
+        user_dir = (cfg.get("common") or {}).get("user_dir")
+        where = (f"it was trained with --user-dir {user_dir}, which registers them: give the same --user-dir"
+                 if user_dir else "give the --user-dir that registers them")
+        raise ValueError(f"{path} needs {' and '.join(missing)}, not registered in this process; {where}")
+
+
+def _patch_model_loading_to_name_missing_registrations():
+    from fairseq import checkpoint_utils
+
+    def make_ensemble(original):
+        def load_model_ensemble_and_task(*args, **kwargs):
+            token = _loading_models.set(True)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _loading_models.reset(token)
+        return load_model_ensemble_and_task
+
+    def make_load(original):
+        def load_checkpoint_to_cpu(path, *args, **kwargs):
+            state = original(path, *args, **kwargs)
+            if _loading_models.get() and state.get("cfg") is not None:  # a model is built from it next
+                missing_registrations(path, state["cfg"])
+            return state
+        return load_checkpoint_to_cpu
+
+    _replace(checkpoint_utils, "load_model_ensemble_and_task", make_ensemble)
+    _replace(checkpoint_utils, "load_checkpoint_to_cpu", make_load)
+
+
 def apply():
     _silence_hydra_deprecations()
     _patch_finetuning_to_compare_models()
+    _patch_model_loading_to_name_missing_registrations()
     _patch_help_to_list_every_option()
     _patch_checkpoint_loading()
     _patch_checkpoint_saving()

@@ -27,9 +27,10 @@ VARIANTS = {
     "output-gate": ["--fwp-output-gate", "on"],
     "hybrid": ["--fwp-update-rule", "delta", "--fwp-softmax-layers", "1"],
     "gated-deltanet": GATED_DELTA_NET,
-    "negative-eigenvalues": ["--fwp-update-rule", "delta", "--fwp-negative-eigenvalues", "on", "--fwp-attn-norm", "off"],
+    "negative-eigenvalues": ["--fwp-update-rule", "delta", "--fwp-negative-eigenvalues", "on", "--fwp-attn-norm", "off",
+                             "--fwp-qk-norm", "l2"],
     "deltaproduct-2": ["--fwp-update-rule", "delta", "--fwp-householder-steps", "2", "--fwp-negative-eigenvalues",
-                       "on", "--fwp-attn-norm", "off", "--fwp-short-conv", "3"],
+                       "on", "--fwp-attn-norm", "off", "--fwp-short-conv", "3", "--fwp-qk-norm", "l2"],
     "gated-deltaproduct-3": GATED_DELTA_NET + ["--fwp-householder-steps", "3", "--fwp-negative-eigenvalues", "on"],
 }
 
@@ -244,8 +245,13 @@ def test_deltaproduct_layers_train_and_write_beta_in_0_2():
 @pytest.mark.parametrize("flags, message", [
     (["--fwp-update-rule", "sum", "--fwp-negative-eigenvalues", "on"],
      "--fwp-update-rule sum with --fwp-negative-eigenvalues on: negative eigenvalues are for rules whose writes"),
-    (["--fwp-update-rule", "delta", "--fwp-negative-eigenvalues", "on", "--fwp-attn-norm", "on"],
+    (["--fwp-update-rule", "delta", "--fwp-negative-eigenvalues", "on", "--fwp-attn-norm", "on", "--fwp-qk-norm", "l2"],
      r"--fwp-negative-eigenvalues on with --fwp-attn-norm on .*: attention normalisation's retrieval \(Eqs. 26-28\)"),
+    (["--fwp-update-rule", "gated-delta", "--fwp-negative-eigenvalues", "on", "--fwp-qk-norm", "sum"],
+     r"--fwp-negative-eigenvalues on with --fwp-qk-norm sum: negative eigenvalues need unit keys \(l2\)"),
+    (["--fwp-update-rule", "delta", "--fwp-negative-eigenvalues", "on", "--fwp-qk-norm", "l2",
+      "--fwp-decoder-qk-norm", "sum", "--fwp-attn-norm", "off"],
+     r"--fwp-negative-eigenvalues on with --fwp-decoder-qk-norm sum: negative eigenvalues need unit keys"),
     (["--fwp-update-rule", "gated-sum", "--fwp-householder-steps", "2"],
      "--fwp-update-rule gated-sum with --fwp-householder-steps 2: several writes per token are DeltaProduct's"),
     (["--fwp-update-rule", "delta", "--fwp-householder-steps", "2", "--fwp-attn-norm", "on"],
@@ -254,3 +260,19 @@ def test_deltaproduct_layers_train_and_write_beta_in_0_2():
 def test_what_does_not_combine_with_negative_eigenvalues_or_deltaproduct_is_refused(flags, message):
     with pytest.raises(ValueError, match=message):
         build_translation_model(*flags)
+
+
+def test_negative_eigenvalues_are_eigenvalues_below_zero():
+    """Unit keys (auto's choice where --fwp-qk-norm is none): a write's transition I - beta k k^T has the
+    eigenvalue 1 - beta, below 0 wherever beta > 1."""
+    model, _ = build_translation_model("--fwp-update-rule", "delta", "--fwp-negative-eigenvalues", "on",
+                                       "--fwp-qk-norm", "none", "--fwp-attn-norm", "off")
+    attention = model.decoder.layers[0].self_attn
+    assert attention.options.qk_norm == "l2"
+    with torch.no_grad():
+        attention.beta_proj.bias.fill_(6.0)  # beta = 2 sigmoid(6 + ...) near 2
+        x = torch.randn(6, 2, 64)
+        beta, _ = attention._gates(x, None)
+        k = attention._phi(attention.k_proj(x))
+    smallest = 1 - beta * (k * k).sum(-1)
+    assert (smallest < -0.5).all(), smallest

@@ -263,6 +263,45 @@ def test_two_preparations_of_one_folder_started_together_give_one_whole_corpus(t
     assert sorted(os.listdir(tmp_path / "shared")) == [".prepare.lock", "PREPARED", "bin", "bpe", "raw", "tok"]
 
 
+PREPARE_AFTER_THE_LOCK = """
+import sys
+from examples.recipes import prepared
+with prepared.preparing(sys.argv[1]) as staging:
+    print("staging", staging, flush=True)
+"""
+
+
+def test_a_run_that_waits_for_another_preparation_says_so(tmp_path):
+    import fcntl
+    import subprocess
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".prepare.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run prepares
+        waiting = subprocess.Popen([sys.executable, "-c", PREPARE_AFTER_THE_LOCK, str(out)], cwd=ROOT,
+                                   stdout=subprocess.PIPE, text=True)
+        assert waiting.stdout.readline().startswith(f"waiting for another run that prepares {out}")
+    # the other run has finished (its lock released): this one goes on
+    assert waiting.stdout.readline().startswith("staging ") and waiting.wait(timeout=60) == 0
+
+
+def test_a_preparation_stages_in_a_folder_of_its_own_and_clears_only_its_hosts_stale_ones(tmp_path):
+    import socket
+
+    from examples.recipes import prepared
+
+    out = tmp_path / "out"
+    other_host = out / ".staging-another-host-123"  # on a file system whose locks are local to each host
+    (other_host / "bin").mkdir(parents=True)
+    stale = out / f".staging-{socket.gethostname()}-999999999"  # this host's, its process gone
+    stale.mkdir()
+    with prepared.preparing(str(out)) as staging:
+        assert staging == str(out / f".staging-{socket.gethostname()}-{os.getpid()}")
+        (out.joinpath(staging) / "bin").mkdir()
+    assert (other_host / "bin").is_dir() and not stale.exists() and (out / "bin").is_dir()
+
+
 def test_a_corpus_bped_with_incomplete_codes_stops_the_preparation(tmp_path, monkeypatch):
     """Codes read while another run still wrote them split the text into characters: refused."""
     from examples.recipes import bpe

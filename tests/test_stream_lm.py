@@ -306,6 +306,13 @@ def test_every_ranks_streams_are_saved_and_each_rank_takes_its_own():
     alone.start_segment(0, True)  # a new epoch (or --reset-dataloader): from zero, as always
     assert alone.start(True, 2, "cpu").memory.fast_weight is None
 
+    # a retried segment: a new stream object, equal in position, whose states hold tensors; compared by
+    # identity, what was gathered is no longer this rank's stream (and nothing compares tensors)
+    ranks[0].start_segment(0, True)
+    W = torch.full((2, 1, 3, 4), 1.0).transpose(-1, -2)
+    ranks[0].end(True, FastWeightState(Memory(fast_weight=W)))
+    assert ranks[0].get_extra_state()["ranks"] is None
+
     old_format = {"position": 0, "start": saved["ranks"][1]["start"], "end": saved["ranks"][1]["end"]}
     alone.set_extra_state(old_format)  # one process's stream, as saved before every rank's were
     alone.start_segment(1, True)

@@ -29,7 +29,7 @@ MODELS = {
     "linear-delta": ["--fwp-feature-map", "linear", "--fwp-update-rule", "delta"],
     "dpfp-delta": ["--fwp-feature-map", "dpfp", "--fwp-update-rule", "delta"],
     "linear-deltaproduct-2": ["--fwp-feature-map", "linear", "--fwp-update-rule", "delta", "--fwp-householder-steps",
-                              "2", "--fwp-negative-eigenvalues", "on"],
+                              "2", "--fwp-negative-eigenvalues", "on", "--fwp-qk-norm", "l2"],
 }
 WINDOW = 32  # steps timed from each position on (their median)
 

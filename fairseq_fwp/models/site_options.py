@@ -11,6 +11,7 @@ import dataclasses
 from typing import Dict, FrozenSet
 
 from ..modules.attention_options import AttentionOptions, OptionsError
+from ..modules.feature_maps import feature_map_class
 from ..ops.rules import UPDATE_RULES
 
 # Which attentions --fwp-sites replaces.
@@ -23,7 +24,7 @@ FEATURE_MAP_FLAGS = {
 }
 # How validate's messages name each option: the flag that sets it.
 FLAG_OF_OPTION = {"feature_map": "--fwp-feature-map", "short_conv": "--fwp-short-conv", "decay_form": "--fwp-decay-form",
-                  "householder_steps": "--fwp-householder-steps"}
+                  "householder_steps": "--fwp-householder-steps", "backend": "--fwp-backend"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,17 +80,23 @@ def site_options(cfg, site):
         negative_eigenvalues=causal and _on(cfg.fwp_negative_eigenvalues))
 
 
+def signed_features(cfg):
+    """Whether --fwp-feature-map's features can be negative (FeatureMap.signed)."""
+    return feature_map_class(cfg.fwp_feature_map).signed
+
+
 def qk_normalization(cfg, decoder_self, rule):
     """--fwp-decoder-qk-norm for the decoder self-attention (when not auto), else --fwp-qk-norm.
 
     auto: as --fwp-qk-norm, except that a rule that needs normalised keys takes sum (Eq. 29; l2 for signed
-    features) where that is none: unnormalised keys would make it diverge.
+    features, and for negative eigenvalues, which need unit keys) where that is none: unnormalised keys
+    would make it diverge.
     """
     if decoder_self and cfg.fwp_decoder_qk_norm != "auto":
         return cfg.fwp_decoder_qk_norm
     value = cfg.fwp_qk_norm
     if decoder_self and value == "none" and UPDATE_RULES[rule].normalised_keys:
-        return "l2" if cfg.fwp_feature_map == "silu" else "sum"
+        return "l2" if signed_features(cfg) or _on(cfg.fwp_negative_eigenvalues) else "sum"
     return value
 
 
@@ -98,13 +105,13 @@ def attention_normalization(cfg, decoder_self, rule):
 
     auto: on for the sum rule with positive features (the paper's Table 1), off for the other rules
     (the delta rule's default in the paper's LMs; the gated rules use the output gate) and for signed
-    (silu) features, whose sums can be zero.
+    features (silu, FeatureMap.signed), whose sums can be zero.
     """
     value = cfg.fwp_attn_norm
     if decoder_self and cfg.fwp_decoder_attn_norm != "auto":
         value = cfg.fwp_decoder_attn_norm
     if value == "auto":
-        return rule == "sum" and cfg.fwp_feature_map != "silu"
+        return rule == "sum" and not signed_features(cfg)
     return value == "on"
 
 

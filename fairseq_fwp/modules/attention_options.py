@@ -82,6 +82,12 @@ RULES = (
          "transition's eigenvalues 1 - beta (k . k) out of [-1, 1]"),
     Rule(("householder_steps", "attention_normalization"), lambda o: o.householder_steps > 1 and o.attention_normalization,
          "attention normalisation (Eqs. 18-19, 26-28) sums one key per token"),
+    Rule(("negative_eigenvalues", "qk_norm"), lambda o: o.negative_eigenvalues and o.qk_norm != "l2",
+         "negative eigenvalues need unit keys (l2): a write's transition I - beta k k^T has the eigenvalues 1 and "
+         "1 - beta |k|^2, which falls below 0 only where |k|^2 > 1 / beta, and sum-normalised keys are far "
+         "shorter (|k|^2 about 0.05 in a trained LM): beta in (0, 2) would only double the write strength"),
+    Rule(("backend", "update_rule"), lambda o: o.backend not in ("auto", "reference") and not o.rule.kernels.get(o.backend),
+         "this backend has no kernel for this rule (auto runs every rule; reference runs any rule's own step)"),
 )
 
 

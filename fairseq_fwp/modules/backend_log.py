@@ -1,19 +1,20 @@
-"""Which backend --fwp-backend auto chose for a model's fast-weight ops, and why: logged once per model."""
+"""What runs a model's fast-weight ops where --fwp-backend did not name it (auto's choice, a named backend's
+decoding that falls back to the rule's own step), and why: logged once per model."""
 import logging
 
 logger = logging.getLogger("fairseq_fwp.backend")
 
 
 class BackendLog:
-    """Logs each distinct choice of "auto" once (ops.backends.Choice); a model shares one among its layers."""
+    """Logs each distinct line of ops.backends.Choice.log once; a model shares one among its layers."""
 
     def __init__(self):
         self.seen = set()
 
     def note(self, choice):
-        if choice.reason != "named" and (choice.name, choice.reason) not in self.seen:
-            self.seen.add((choice.name, choice.reason))
-            logger.info(f"--fwp-backend auto runs {choice.name} ({choice.reason})")
+        if choice.log is not None and choice.log not in self.seen:
+            self.seen.add(choice.log)
+            logger.info(choice.log)
 
 
 def share_backend_log(model):

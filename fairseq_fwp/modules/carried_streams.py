@@ -130,8 +130,8 @@ class CarriedStreams(nn.Module):
             return {}
         if self.world_size == 1:
             ranks = [stream.as_dict()]
-        elif self._every_rank is not None and self._every_rank[:2] == (stream, stream.end):
-            ranks = self._every_rank[2]
+        elif self._every_rank is not None and self._every_rank[0] is stream and self._every_rank[1] is stream.end:
+            ranks = self._every_rank[2]  # gathered since this stream last moved (identity: states hold tensors)
         else:
             ranks = None  # the other ranks' streams are not here
         return {"world_size": self.world_size, "position": stream.position, "ranks": ranks}

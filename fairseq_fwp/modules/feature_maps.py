@@ -24,17 +24,41 @@ QK_NORMS = ("sum", "l2", "none")
 FEATURE_MAPS = {}  # name -> FeatureMap subclass: the registry, in registration order
 
 
+PROBE_HEAD_DIM = 8  # the head size a registration is checked at
+
+
 def register_feature_map(name):
     """Class decorator, in fairseq's style: registers a FeatureMap subclass under `name`, the value
-    --fwp-feature-map takes. The class is built as cls(head_dim, **options) and has ``out_dim``."""
+    --fwp-feature-map takes. The class is built as cls(head_dim, **options) and has ``out_dim``, which the
+    registration checks: it builds the map with its default options (without touching torch's random
+    generator) and maps a few vectors, whose size must be out_dim."""
     def register(cls):
         if not (isinstance(cls, type) and issubclass(cls, FeatureMap)):
             raise ValueError(f"feature map {name!r}: register a FeatureMap subclass, got {cls!r}")
         if name in FEATURE_MAPS or name == "softmax":
             raise ValueError(f"feature map {name!r} is registered already")
+        _check_out_dim(name, cls)
         FEATURE_MAPS[name] = cls
         return cls
     return register
+
+
+def _check_out_dim(name, cls):
+    with torch.random.fork_rng(devices=[]):
+        try:
+            phi = cls(PROBE_HEAD_DIM)
+            got = phi(torch.randn(2, 3, PROBE_HEAD_DIM)).shape[-1]
+        except Exception as err:
+            raise ValueError(f"feature map {name!r}: {cls.__name__}({PROBE_HEAD_DIM}) could not map vectors of "
+                             f"size {PROBE_HEAD_DIM} ({type(err).__name__}: {err}); a map takes the head size and "
+                             "keyword options with defaults") from err
+    out_dim = getattr(phi, "out_dim", None)
+    if not isinstance(out_dim, int):
+        raise ValueError(f"feature map {name!r}: {cls.__name__} sets no out_dim (in __init__: self.out_dim = D, the "
+                         "size of phi(x), which the fast weights are D x Dv of)")
+    if got != out_dim:
+        raise ValueError(f"feature map {name!r}: {cls.__name__}({PROBE_HEAD_DIM}) says out_dim = {out_dim}, but maps "
+                         f"vectors of size {PROBE_HEAD_DIM} to size {got}")
 
 
 def sum_normalize(phi, eps=1e-6):
@@ -97,6 +121,22 @@ def start_training_step(model):
     for module in model.modules():
         if isinstance(module, FeatureMap):
             module.training_step()
+
+
+def orthogonal_gaussian(d, m, generator):
+    """A ``d x m`` matrix whose columns are orthogonal in blocks of d.
+
+    Each column is rescaled to the norm of a d-dimensional Gaussian vector, so
+    marginally every column is N(0, I) and the FAVOR+ estimate is unbiased.
+    """
+    blocks = []
+    for _ in range(math.ceil(m / d)):
+        g = torch.randn(d, d, generator=generator, dtype=torch.float64)
+        q, _ = torch.linalg.qr(g)
+        blocks.append(q)
+    P = torch.cat(blocks, dim=1)[:, :m]
+    norms = torch.randn(d, m, generator=generator, dtype=torch.float64).norm(dim=0)
+    return (P * norms).float()
 
 
 @register_feature_map("linear")
@@ -250,22 +290,6 @@ class SiLUFeatureMap(FeatureMap):
 
     def forward(self, x):
         return F.silu(x)
-
-
-def orthogonal_gaussian(d, m, generator):
-    """A ``d x m`` matrix whose columns are orthogonal in blocks of d.
-
-    Each column is rescaled to the norm of a d-dimensional Gaussian vector, so
-    marginally every column is N(0, I) and the FAVOR+ estimate is unbiased.
-    """
-    blocks = []
-    for _ in range(math.ceil(m / d)):
-        g = torch.randn(d, d, generator=generator, dtype=torch.float64)
-        q, _ = torch.linalg.qr(g)
-        blocks.append(q)
-    P = torch.cat(blocks, dim=1)[:, :m]
-    norms = torch.randn(d, m, generator=generator, dtype=torch.float64).norm(dim=0)
-    return (P * norms).float()
 
 
 def feature_map_class(name):

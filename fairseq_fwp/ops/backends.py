@@ -43,6 +43,7 @@ class Call:
     Dv: int
     T: int  # 1 for a decoding step
     needs_grad: bool
+    step: bool = False  # a decoding step (q [B, H, D]), not a sequence
 
     @property
     def accumulation_dtype(self):
@@ -53,17 +54,19 @@ class Call:
     def of(cls, rule, q, v, dtype, needs_grad):
         """The call of `rule` for q ``[B, H, T, D]`` (or ``[B, H, D]``: one step), values v of size Dv."""
         return cls(rule=rule, dtype=dtype, device=q.device, D=q.shape[-1], Dv=v.shape[-1],
-                   T=q.shape[2] if q.dim() == 4 else 1, needs_grad=needs_grad)
+                   T=q.shape[2] if q.dim() == 4 else 1, needs_grad=needs_grad, step=q.dim() == 3)
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """What runs a call: the backend's name and description, the rule's kernel there, and why."""
+    """What runs a call: the backend's name and description, the rule's kernel there, and why; `log`: the
+    line the layers log once (modules/backend_log.py), where the flag did not name what runs."""
 
     name: str
     backend: Backend
     kernel: Kernel
     reason: str
+    log: Optional[str] = None
 
 
 def cannot_run(name, reason):
@@ -88,17 +91,24 @@ def resolve(name, call) -> Choice:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
     if name != "auto":
         reason = unfit_reason(name, call)
-        if reason is not None:
-            raise BackendUnavailableError(cannot_run(name, reason))
-        return Choice(name, REGISTRY[name], kernel_of(name, call.rule), "named")
+        if reason is None:
+            return Choice(name, REGISTRY[name], kernel_of(name, call.rule), "named")
+        if call.step and kernel_of(name, call.rule) is not None and REGISTRY[name].unfit_reason(call) is None:
+            # The backend trains this rule but has no step for it: the rule's own step decodes, in pure torch
+            # on the same device, as the reference backend runs it.
+            why = f"{name} has no decoding step for the rule {call.rule.name}: {reason}"
+            return Choice(name, REGISTRY["reference"], REFERENCE_KERNEL, why,
+                          log=f"--fwp-backend {name} decodes with the rule's own step ({why})")
+        raise BackendUnavailableError(cannot_run(name, reason))
     passed = []
     for candidate, device_type in AUTO:
         reason = (f"{call.device.type} tensors" if device_type not in (None, call.device.type)
                   else unfit_reason(candidate, call))
         if reason is None:
-            why = f"auto on {call.device.type} {call.dtype}, D = {call.D}, rule {call.rule.name}"
-            return Choice(candidate, REGISTRY[candidate], kernel_of(candidate, call.rule),
-                          why + "".join(f"; not {n}: {r}" for n, r in passed))
+            why = f"auto on {call.device.type} {call.dtype}, D = {call.D}, rule {call.rule.name}" + "".join(
+                f"; not {n}: {r}" for n, r in passed)
+            return Choice(candidate, REGISTRY[candidate], kernel_of(candidate, call.rule), why,
+                          log=f"--fwp-backend auto runs {candidate} ({why})")
         passed.append((candidate, reason))
     raise AssertionError("the reference runs every rule")  # the last of AUTO takes every call
 

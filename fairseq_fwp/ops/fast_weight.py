@@ -85,16 +85,17 @@ def _zero_state(k, v, dtype):
 def _run(rule, q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
     call, choice, (q, k, v, beta), state, log_decay = _prepare(rule, q, k, v, beta, state, log_decay, backend,
                                                                on_choice, needs_grad)
-    if call.T == 0:
-        return v.new_zeros(v.shape, dtype=call.dtype), _zero_state(k, v, call.dtype) if state is None else state
+    if call.T == 0:  # one output per query (a rule with N writes per token has N values per token)
+        out = v.new_zeros(*q.shape[:-1], v.shape[-1], dtype=call.dtype)
+        return out, _zero_state(k, v, call.dtype) if state is None else state
     with torch.autocast(q.device.type, enabled=False):  # the backends choose their own precision
         out, W = choice.kernel.sequence(call, q, k, v, beta, state, log_decay)
     return out.to(call.dtype), W
 
 
 def _run_state(rule, q, k, v, beta, state, log_decay, backend, on_choice, needs_grad):
-    """As _run, the final state only (q is not read)."""
-    call, choice, (_, k, v, beta), state, log_decay = _prepare(rule, k, k, v, beta, state, log_decay, backend,
+    """As _run, the final state only (q, the keys' stand-in, is not read)."""
+    call, choice, (_, k, v, beta), state, log_decay = _prepare(rule, q, k, v, beta, state, log_decay, backend,
                                                                on_choice, needs_grad)
     if call.T == 0:
         return _zero_state(k, v, call.dtype) if state is None else state
@@ -152,7 +153,14 @@ def fast_weight_delta_product(q, k, v, beta, state=None, *, decay=None, log_deca
 def fast_weight_state(rule, k, v, beta=None, state=None, *, decay=None, log_decay=None, backend="auto",
                       on_choice=None):
     """Any registered update rule's final fast weight alone; see fast_weight and fast_weight_sum_state."""
-    return _checked_call(_run_state, rule, k, k, v, beta, state, decay, log_decay, backend, on_choice)
+    return _checked_call(_run_state, rule, _no_query(rule, k), k, v, beta, state, decay, log_decay, backend,
+                         on_choice)
+
+
+def _no_query(rule, k):
+    """What the state-only ops check and size the call by in place of the queries, which they do not read:
+    the keys ``[B, H, T, D]``, or for a rule with N writes per token the first of each token's N keys."""
+    return k[:, :, :, 0] if update_rule(rule).substeps and k.dim() == 5 else k
 
 
 def fast_weight_sum_state(k, v, state=None, *, decay=None, log_decay=None, backend="auto", on_choice=None):

@@ -36,6 +36,13 @@ def _decay_factor(a):
     return a.unsqueeze(-1).unsqueeze(-1)
 
 
+def _check_reads(x):
+    """A rule's step reads n vectors per row and head: [rows, H, D] alone would broadcast wrongly."""
+    if x.dim() != 4:
+        raise ValueError(f"memory.read takes x [rows, H, n, D], n vectors per row and head (one: x.unsqueeze(-2)); "
+                         f"got x of shape {tuple(x.shape)}")
+
+
 class FunctionalMemory:
     """W ``[B, H, Dv, D]`` as a value: each write makes a new W, which autograd follows."""
 
@@ -48,6 +55,7 @@ class FunctionalMemory:
 
     def read(self, x):
         """x ``[B, H, n, D]`` -> W x ``[B, H, n, Dv]``."""
+        _check_reads(x)
         return x @ self.fast_weight.transpose(-1, -2)
 
     def write_(self, k, u):
@@ -146,6 +154,7 @@ class Memory:
         """x ``[rows, H, n, D]`` -> W x ``[rows, H, n, Dv]``, in x's dtype. Row vectors against W^T (or
         against the factors, a softmax decoder's key/value layout) run about twice as fast on CPUs as W
         times column vectors."""
+        _check_reads(x)
         if self.fast_weight is not None:
             W = self.fast_weight if self.fast_weight.dtype == x.dtype else self.fast_weight.to(x.dtype)
             return x @ W.transpose(-1, -2)

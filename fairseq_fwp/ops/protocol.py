@@ -16,11 +16,25 @@ class Backend:
     unfit_reason: Callable = fits  # (call) -> why it cannot run the call (device, dtype, installation), or None
 
 
+def run_step(rule, memory, q, k, v, beta, decay):
+    """rule.step, with what a rule that uses beta or a decay without declaring it meets said in its name."""
+    try:
+        return rule.step(memory, q, k, v, beta, decay)
+    except (AttributeError, TypeError) as err:
+        undeclared = [f"{given} ({need} = True)" for given, value, need in
+                      (("beta", beta, "write_strength"), ("a decay", decay, "decay")) if value is None]
+        if undeclared and "NoneType" in str(err):
+            raise ValueError(f"update rule {rule.name!r}: its step failed on None for {' or '.join(undeclared)} "
+                             f"({type(err).__name__}: {err}): the layer gives beta only to a rule that declares "
+                             "write_strength = True, and a decay only to one that declares decay = True") from err
+        raise
+
+
 def rule_step_(call, memory, q, k, v, beta, log_decay):
     """The rule's own step (rules/), on the decoder's memory in place: pure torch, on any device."""
     memory.start_(k, v, call.accumulation_dtype)
     decay = None if log_decay is None else log_decay.to(call.accumulation_dtype).exp()
-    return call.rule.step(memory, q, k, v, beta, decay)
+    return run_step(call.rule, memory, q, k, v, beta, decay)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ use it for testing, and for rules that have no kernel yet.
 import torch
 
 from .memory import FunctionalMemory
-from .protocol import Backend
+from .protocol import Backend, run_step
 
 
 def _at(x, t):
@@ -24,7 +24,7 @@ def _run(rule, q, k, v, beta, state, log_decay, read):
     decay = None if log_decay is None else log_decay.exp()  # exactly 0 for a full forget
     outs = []
     for t in range(T):
-        out = rule.step(memory, q[:, :, t], k[:, :, t], v[:, :, t], _at(beta, t), _at(decay, t))
+        out = run_step(rule, memory, q[:, :, t], k[:, :, t], v[:, :, t], _at(beta, t), _at(decay, t))
         if read:
             outs.append(out)
     return outs, memory.fast_weight
@@ -36,7 +36,8 @@ def sequence(call, q, k, v, beta, state, log_decay):
 
 
 def final_state(call, k, v, beta, state, log_decay):
-    return _run(call.rule, k, k, v, beta, state, log_decay, read=False)[1]
+    queries = k[:, :, :, 0] if call.rule.substeps else k  # not read: what a step takes beside the keys
+    return _run(call.rule, queries, k, v, beta, state, log_decay, read=False)[1]
 
 
 BACKEND = Backend("reference", reads_half_types=False)  # any device, dtype and rule

@@ -15,6 +15,11 @@ its own step: trains (the reference backend, token by token), decodes, carries o
 
 Every module of this folder is imported when the ops are: a new rule is one new file here (or, for a
 user, a registration in their own --user-dir). The built-ins are sum.py and delta.py.
+
+A registration is checked when it is made: a rule without its own step is refused. Kernels belong to the
+class that wrote them: a rule runs only the ``kernels`` and the ``product`` form declared in its own class
+body (``kernels = DeltaRule.kernels`` inherits them explicitly), so that a subclass with a step of its own
+is never trained by its parent's kernels.
 """
 import importlib
 import pkgutil
@@ -58,8 +63,13 @@ def register_update_rule(name):
             raise ValueError(f"update rule {name!r}: register an UpdateRule subclass, got {cls!r}")
         if name in UPDATE_RULES:
             raise ValueError(f"update rule {name!r} is registered already ({type(UPDATE_RULES[name]).__name__})")
+        if cls.step is UpdateRule.step:
+            raise ValueError(f"update rule {name!r}: {cls.__name__} has no step (def step(self, memory, q, k, v, beta, "
+                             "decay), the write of one token and its query's read: docs/extending.md)")
         rule = cls()
         rule.name = name
+        rule.kernels = dict(cls.__dict__.get("kernels", {}))  # its own, or none: not its parent's
+        rule.product = cls.__dict__.get("product")
         UPDATE_RULES[name] = rule
         return cls
     return register
