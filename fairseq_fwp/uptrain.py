@@ -85,6 +85,7 @@ def model_differences(saved, model):
     option a config lacks (saved before the flag existed) counts as the flag's default, which computes as
     the code before it did."""
     from .models.fwp_config import FastWeightConfig
+    from .ops.rules import update_rule
 
     defaults = {field.name: field.default for field in dataclasses.fields(FastWeightConfig)}
     names = sorted({name for cfg in (saved, model) for name in (cfg.keys() if hasattr(cfg, "keys") else vars(cfg))
@@ -92,7 +93,10 @@ def model_differences(saved, model):
 
     def value(cfg, name):
         given = getattr(cfg, name, None)
-        return str(defaults.get(name) if given is None else given)
+        given = str(defaults.get(name) if given is None else given)
+        if name == "fwp_decay_form" and given == "auto":  # what auto computes: the rule's own form
+            return update_rule(value(cfg, "fwp_update_rule")).decay_form
+        return given
 
     saved_value, built_value = ({name: value(cfg, name) for name in names} for cfg in (saved, model))
     return computation_differences(saved, model, ("saved", "built")) + [

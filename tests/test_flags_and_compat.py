@@ -16,7 +16,7 @@ MODELS = [("translation", "fwp_transformer_tiny"), ("language_modeling", "fwp_lm
         # the registered names: the built-ins first (a --user-dir's may follow: tests/test_extend.py)
         ("--fwp-feature-map", "relu", "invalid choice: 'relu' (choose from 'softmax', 'linear', 'performer', 'dpfp', 'silu'"),
         ("--fwp-update-rule", "oja", "invalid choice: 'oja' (choose from 'sum', 'gated-sum', 'delta', 'gated-delta'"),
-        ("--fwp-decay-form", "exp", "invalid choice: 'exp' (choose from 'mamba2', 'logsigmoid')"),
+        ("--fwp-decay-form", "exp", "invalid choice: 'exp' (choose from 'auto', 'mamba2', 'logsigmoid')"),
         ("--fwp-qk-norm", "l1", "invalid choice: 'l1' (choose from 'sum', 'l2', 'none')"),
         ("--fwp-decoder-qk-norm", "l1", "invalid choice: 'l1' (choose from 'auto', 'sum', 'l2', 'none')"),
         ("--fwp-short-conv", "1", "expected 0 (none) or a kernel size >= 2, got 1"),

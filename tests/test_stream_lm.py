@@ -43,7 +43,9 @@ def start_segment(model, position):
 
 
 @pytest.mark.parametrize("flags", [[], ["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"],
-                                   ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2"]])
+                                   ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2"],
+                                   ["--fwp-update-rule", "gla"], ["--fwp-update-rule", "kda"],
+                                   ["--fwp-update-rule", "gdn2"]])
 def test_carried_segments_equal_one_long_forward(flags):
     model, d = build_lm_model(*flags)
     tokens = random_tokens(d, [17, 17], left_pad=False)

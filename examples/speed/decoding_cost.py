@@ -30,6 +30,8 @@ MODELS = {
     "dpfp-delta": ["--fwp-feature-map", "dpfp", "--fwp-update-rule", "delta"],
     "linear-deltaproduct-2": ["--fwp-feature-map", "linear", "--fwp-update-rule", "delta", "--fwp-householder-steps",
                               "2", "--fwp-negative-eigenvalues", "on", "--fwp-qk-norm", "l2"],
+    "linear-gated-delta": ["--fwp-feature-map", "linear", "--fwp-update-rule", "gated-delta"],
+    "linear-kda": ["--fwp-feature-map", "linear", "--fwp-update-rule", "kda"],  # a decay per key channel
 }
 WINDOW = 32  # steps timed from each position on (their median)
 

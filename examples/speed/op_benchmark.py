@@ -35,10 +35,14 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the checkout's fairseq_fwp, also without `pip install -e .`
 
-from fairseq_fwp.ops import fast_weight_delta, fast_weight_delta_product, fast_weight_sum, update_rule  # noqa: E402
+from fairseq_fwp.ops import fast_weight, fast_weight_delta, fast_weight_delta_product, fast_weight_sum, update_rule  # noqa: E402
 from fairseq_fwp.ops.backends import Call, unfit_reason  # noqa: E402
 
-METHODS = ("reference-sum", "reference-delta", "chunked-sum", "chunked-delta", "chunked-product2", "softmax-sdpa")
+METHODS = ("reference-sum", "reference-delta", "chunked-sum", "chunked-delta", "chunked-product2", "chunked-gated-delta",
+           "chunked-kda", "softmax-sdpa")
+# A method's time against another's of this run: (method, baseline, the goal's words).
+COMPARED = {"chunked-product2": ("chunked-delta", "twice the writes of the delta rule: the goal is at most 2.2x"),
+            "chunked-kda": ("chunked-gated-delta", "a decay per key channel: the goal is at most 2.5x")}
 CONFIGS = {"B2-H4-D64": (2, 4, 64), "B1-H8-D64": (1, 8, 64)}
 REFERENCE_MAX_T = 1024
 # The GPU table: B = 8, H = 8, D = 64 and 256, bfloat16.
@@ -61,7 +65,12 @@ def _inputs(B, H, T, D, device="cpu", dtype=torch.float32):
 def _forward(method, q, k, v, beta):
     if method == "softmax-sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    backend, rule = method.split("-")
+    backend, rule = method.split("-", 1)
+    if rule in ("gated-delta", "kda"):  # decays in (0.9, 1), one per head or per key channel, as log a
+        shape = q.shape if rule == "kda" else q.shape[:3]
+        log_decay = torch.log(0.9 + 0.1 * torch.rand(shape, generator=torch.Generator().manual_seed(1))).to(q)
+        log_decay.requires_grad_()  # its gradient, as training computes it
+        return fast_weight(rule, q, k, v, beta, log_decay=log_decay, backend=backend)[0]
     if rule == "sum":
         return fast_weight_sum(q, k, v, backend=backend)[0]
     if rule == "product2":  # DeltaProduct, N = 2 writes per token: the second from the previous token's inputs
@@ -223,10 +232,11 @@ def main(argv=None):
     for (name, T, method), r in results.items():
         if not method.startswith("chunked"):
             continue
-        rule = method.split("-")[1]
-        if rule == "product2":  # twice the writes of the delta rule: the goal is at most 2.2 times its time
-            ratio = r["fwd_bwd_s"] / results[name, T, "chunked-delta"]["fwd_bwd_s"]
-            print(f"  {name} T={T}: chunked-product2 takes {ratio:.2f}x the time of chunked-delta")
+        rule = method.split("-", 1)[1]
+        if method in COMPARED:
+            base, goal = COMPARED[method]
+            ratio = r["fwd_bwd_s"] / results[name, T, base]["fwd_bwd_s"]
+            print(f"  {name} T={T}: {method} takes {ratio:.2f}x the time of {base} ({goal})")
             continue
         for base in (f"reference-{rule}", "softmax-sdpa"):
             if (name, T, base) in results:

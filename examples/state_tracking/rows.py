@@ -16,4 +16,9 @@ ROWS = {
     "gated delta [-1,1]": dict(KEYS, update_rule="gated-delta", **NEGATIVE),
     "DeltaProduct N=2 [-1,1]": dict(KEYS, update_rule="delta-product", householder_steps=2, **NEGATIVE),
     "DeltaProduct N=3 [-1,1]": dict(KEYS, update_rule="delta-product", householder_steps=3, **NEGATIVE),
+    # a decay per key channel (rules/channels.py), each with its paper's gate
+    "GLA": dict(KEYS, update_rule="gla", decay_form="logsigmoid"),
+    "KDA [0,1]": dict(KEYS, update_rule="kda"),
+    "KDA [-1,1]": dict(KEYS, update_rule="kda", **NEGATIVE),
+    "GDN-2 [-1,1]": dict(KEYS, update_rule="gdn2", **NEGATIVE),
 }

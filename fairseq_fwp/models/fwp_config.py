@@ -42,9 +42,10 @@ class FastWeightConfig(FairseqDataclass):
     fwp_update_rule: str = field(
         default="sum", metadata={"help": "programming instruction of the decoder self-attention; gated-sum and "
                                           "gated-delta scale the memory by a decay a_t from the layer input"})
-    fwp_decay_form: ChoiceEnum(DECAY_FORMS) = field(
-        default="mamba2", metadata={"help": "the gated rules' a_t: mamba2 (exp(-A softplus(w.x + dt)), Gated "
-                                             "DeltaNet) or logsigmoid (exp(logsigmoid(w.x + b) / 16), GLA)"})
+    fwp_decay_form: ChoiceEnum(("auto",) + DECAY_FORMS) = field(
+        default="auto", metadata={"help": "the gated rules' a_t: mamba2 (exp(-A softplus(w.x + dt)), Gated "
+                                           "DeltaNet, KDA) or logsigmoid (exp(logsigmoid(w.x + b) / 16), GLA); "
+                                           "auto: the rule's paper's (logsigmoid for gla, else mamba2)"})
     fwp_qk_norm: ChoiceEnum(QK_NORMS) = field(
         default="sum", metadata={"help": "how phi(q), phi(k) are normalised at every fast-weight site: sum "
                                           "(Eq. 29), l2 (DeltaNet; with --fwp-feature-map silu) or none"})

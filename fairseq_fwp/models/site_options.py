@@ -75,7 +75,8 @@ def site_options(cfg, site):
         kdim=cfg.encoder_embed_dim if site == "cross" else None, feature_map=name, feature_map_options=map_options,
         update_rule=rule, qk_norm=qk_normalization(cfg, causal, rule),
         attention_normalization=attention_normalization(cfg, causal, rule), output_scaling=_on(cfg.fwp_output_scaling),
-        decay_form=cfg.fwp_decay_form, short_conv=cfg.fwp_short_conv if causal else 0,
+        decay_form=UPDATE_RULES[rule].decay_form if cfg.fwp_decay_form == "auto" else cfg.fwp_decay_form,
+        short_conv=cfg.fwp_short_conv if causal else 0,
         output_gate=_on(cfg.fwp_output_gate), backend=cfg.fwp_backend, householder_steps=writes,
         negative_eigenvalues=causal and _on(cfg.fwp_negative_eigenvalues))
 

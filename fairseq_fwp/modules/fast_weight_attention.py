@@ -64,15 +64,27 @@ class FastWeightAttention(nn.Module):
         self.k_proj = nn.Linear(kdim, writes * embed_dim)  # DeltaProduct: N keys and values per token
         self.v_proj = nn.Linear(kdim, writes * embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
-        # Eq. 21: one write strength per head (and write), from the layer input.
-        self.beta_proj = nn.Linear(embed_dim, writes * options.num_heads) if self.rule.write_strength else None
-        self.decay_gate = DecayGate(embed_dim, options.num_heads, options.decay_form) if self.rule.decay else None
+        # Eq. 21: one write strength per head (and write), from the layer input; a rule with strengths per
+        # channel (GDN-2) gets one per key channel of phi(k) and one per value channel.
+        self.strengths = (self._features(options) + self.head_dim if self.rule.write_strength == "channels"
+                          else 1)
+        self.beta_proj = (nn.Linear(embed_dim, writes * options.num_heads * self.strengths)
+                          if self.rule.write_strength else None)
+        self.decay_gate = DecayGate(embed_dim, options.num_heads, options.decay_form, channels=(
+            self._features(options) if self.rule.decay == "channels" else None)) if self.rule.decay else None
         self.convolutions = nn.ModuleDict({
             name: ShortConvolution((1 if name == "q" else writes) * embed_dim, options.short_conv) for name in "qkv"
         }) if options.short_conv else None
         self.output_gate = OutputGate(embed_dim, options.num_heads) if options.output_gate else None
         self.feature_map = build_feature_map(options.feature_map, self.head_dim, **dict(options.feature_map_options))
         self.reset_parameters()
+
+    @staticmethod
+    def _features(options):
+        """D, the size of phi(k): the key channels a per-channel decay or erase gate has one value for.
+        Read off the map's class without building it (a random map would draw from torch's generator)."""
+        with torch.random.fork_rng(devices=[]):
+            return build_feature_map(options.feature_map, options.head_dim, **dict(options.feature_map_options)).out_dim
 
     def start_as_ungated(self):
         """The decay gate at a_t = exp(-1e-4) and the short convolutions as identities: the layer computes
@@ -87,6 +99,11 @@ class FastWeightAttention(nn.Module):
             with torch.no_grad():
                 self.beta_proj.weight[self.num_heads:].zero_()
                 self.beta_proj.bias[self.num_heads:].fill_(-10.0)
+        if self.strengths > 1:  # GDN-2's gates as one write strength per head: b_t = w_t = beta_t, KDA's
+            with torch.no_grad():
+                for rows in (self.beta_proj.weight.view(self.num_heads, self.strengths, -1),
+                             self.beta_proj.bias.view(self.num_heads, self.strengths)):
+                    rows.copy_(rows[:, :1].expand_as(rows))
 
     def reset_parameters(self):
         # As fairseq's MultiheadAttention, so that only the attention differs.
@@ -201,14 +218,16 @@ class FastWeightAttention(nn.Module):
         if self.beta_proj is not None:
             T, B = x.shape[:2]
             writes = self.options.householder_steps
-            beta = torch.sigmoid(self.beta_proj(x)).view(T, B, writes, self.num_heads).permute(1, 3, 0, 2)  # [B, H, T, N]
-            beta = beta if self.rule.substeps else beta.squeeze(-1)
+            beta = torch.sigmoid(self.beta_proj(x)).view(T, B, writes, self.num_heads, self.strengths)
+            beta = beta.permute(1, 3, 0, 2, 4)  # [B, H, T, N, channels]
+            beta = beta.squeeze(-1) if self.strengths == 1 else beta
+            beta = beta if self.rule.substeps else beta.squeeze(3)
             if self.options.negative_eigenvalues:  # in (0, 2): the transition's eigenvalues reach [-1, 1]
                 beta = 2 * beta
         log_decay = self.decay_gate(x) if self.decay_gate is not None else None
         if keep is not None:
             beta = None if beta is None else beta * _per_token(keep, beta).to(beta.dtype)
-            log_decay = None if log_decay is None else log_decay.masked_fill(~keep.unsqueeze(1), 0.0)
+            log_decay = None if log_decay is None else log_decay.masked_fill(~_per_token(keep, log_decay), 0.0)
         return beta, log_decay
 
     def _attention_normalization(self, k, beta, state, one_step):

@@ -14,6 +14,11 @@
   ``start_near_one()`` sets a_t = exp(-1e-4) for every input instead (all
   heads, both forms): uptraining converts a softmax model into one whose
   gates start as good as absent.
+  With ``channels=D`` the gate gives one decay per key channel, a_t in
+  [0, 1]^D (GLA, KDA, GDN-2), from a low-rank projection of the layer input
+  (x -> rank -> H D), as the papers build it: rank 16 for logsigmoid (GLA's
+  W_1 W_2), the head size for mamba2 (Kimi Linear's f = W_up W_down x), whose
+  dt_bias is then one per channel (A stays one per head).
 - ``OutputGate``: out = RMSNorm(out) * SiLU(W_g x) per head (Gated DeltaNet's
   output; the norm's scale is learned per channel).
 """
@@ -26,49 +31,72 @@ import torch.nn.functional as F
 DECAY_FORMS = ("mamba2", "logsigmoid")
 
 
+GLA_RANK = 16  # GLA's low-rank decay projection (Yang et al., 2024)
+
+
 class DecayGate(nn.Module):
-    def __init__(self, embed_dim, num_heads, form="mamba2"):
+    def __init__(self, embed_dim, num_heads, form="mamba2", channels=None):
+        """channels: None for one decay per head, or D for one per key channel of each head."""
         super().__init__()
         if form not in DECAY_FORMS:
             raise ValueError(f"decay form must be one of {', '.join(DECAY_FORMS)}; got {form!r}")
-        self.form = form
-        self.proj = nn.Linear(embed_dim, num_heads, bias=form == "logsigmoid")
-        nn.init.normal_(self.proj.weight, std=0.02)
+        self.form, self.num_heads, self.channels = form, num_heads, channels
+        outputs = num_heads * (channels or 1)
+        if channels is None:
+            self.proj = nn.Linear(embed_dim, outputs, bias=form == "logsigmoid")
+        else:  # x -> rank -> H D: the last linear map is the one start_near_one zeroes
+            rank = GLA_RANK if form == "logsigmoid" else embed_dim // num_heads
+            self.proj = nn.Sequential(nn.Linear(embed_dim, rank, bias=False),
+                                      nn.Linear(rank, outputs, bias=form == "logsigmoid"))
+        for linear in self._linears():
+            nn.init.normal_(linear.weight, std=0.02)
         if form == "mamba2":
             self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(1, 16).log())
-            dt = torch.exp(torch.empty(num_heads).uniform_(math.log(1e-3), math.log(1e-1)))
+            dt = torch.exp(torch.empty(outputs).uniform_(math.log(1e-3), math.log(1e-1)))
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
         else:
-            nn.init.zeros_(self.proj.bias)
+            nn.init.zeros_(self._linears()[-1].bias)
+
+    def _linears(self):
+        return [self.proj] if isinstance(self.proj, nn.Linear) else list(self.proj)
 
     def forward(self, x):
-        """x ``[T, B, C]`` -> log a ``[B, H, T]`` in [-inf, 0] (float32 or float64).
+        """x ``[T, B, C]`` -> log a ``[B, H, T]`` (or ``[B, H, T, D]`` per channel) in [-inf, 0], float32 or
+        float64.
 
         The log goes to the ops as it is: exp of it underflows to 0 in float32 once log a < -104,
         which the ops take as the full forget it is (ops/decay.py).
         """
-        return self.log_decay_from_logits(self.proj(x).permute(1, 2, 0))
+        z = self.proj(x)  # [T, B, H (D)]
+        T, B = z.shape[:2]
+        z = z.permute(1, 2, 0) if self.channels is None else z.view(T, B, self.num_heads, -1).permute(1, 2, 0, 3)
+        return self.log_decay_from_logits(z)
 
     def log_decay_from_logits(self, z):
-        """log a from the projection's output z ``[B, H, T]``."""
+        """log a from the projection's output z ``[B, H, T]`` (or ``[B, H, T, D]``)."""
         z = z if z.dtype == torch.float64 else z.float()  # decays are computed in float32
         if self.form == "mamba2":
-            return -self.A_log.exp().unsqueeze(-1) * F.softplus(z + self.dt_bias.unsqueeze(-1))
+            A = self.A_log.exp().view(self.num_heads, *((1, 1) if self.channels else (1,)))
+            dt_bias = self.dt_bias.view(self.num_heads, 1, -1) if self.channels else self.dt_bias.unsqueeze(-1)
+            return -A * F.softplus(z + dt_bias)
         return F.logsigmoid(z) / 16
 
     @torch.no_grad()
     def start_near_one(self, log_decay=-1e-4):
-        """log a_t = log_decay for every input and head (w = 0); the gate still learns: its gradient to w,
-        the bias and A is scaled by softplus' slope, about -log_decay, which Adam normalises away."""
-        self.proj.weight.zero_()
+        """log a_t = log_decay for every input, head and channel (the last projection 0); the gate still
+        learns: its gradient to the projections, the bias and A is scaled by softplus' slope, about
+        -log_decay, which Adam normalises away."""
+        last = self._linears()[-1]
+        last.weight.zero_()
         if self.form == "mamba2":  # -A softplus(dt_bias) = log_decay, per head's A
-            dt = -log_decay / self.A_log.exp()
+            A = self.A_log.exp().repeat_interleave(self.dt_bias.numel() // self.num_heads)
+            dt = -log_decay / A
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
         else:  # logsigmoid(b) / 16 = log_decay
-            self.proj.bias.fill_(-math.log(math.expm1(-16 * log_decay)))
+            last.bias.fill_(-math.log(math.expm1(-16 * log_decay)))
 
     def extra_repr(self):
-        return f"form={self.form}"
+        return f"form={self.form}" + (f", channels={self.channels}" if self.channels else "")
 
 
 class OutputGate(nn.Module):

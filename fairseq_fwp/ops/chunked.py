@@ -259,8 +259,9 @@ def _interleaved(q, k, v, beta, log_decay):
     B, H, T, N, D = k.shape
     zeros = q.new_zeros(B, H, T, N - 1, D)
     queries = torch.cat([zeros, q.unsqueeze(3)], dim=3).flatten(2, 3)
-    if log_decay is not None:
-        log_decay = torch.cat([log_decay.unsqueeze(3), log_decay.new_zeros(B, H, T, N - 1)], dim=3).flatten(2, 3)
+    if log_decay is not None:  # [B, H, T] or, per key channel, [B, H, T, D]
+        log_decay = torch.cat([log_decay.unsqueeze(3), log_decay.new_zeros(B, H, T, N - 1, *log_decay.shape[3:])],
+                              dim=3).flatten(2, 3)
     return queries, k.flatten(2, 3), v.flatten(2, 3), beta.flatten(2, 3), log_decay
 
 

@@ -65,7 +65,7 @@ class _ExactDecayGradient(torch.autograd.Function):
             wrt = [log_decay] + [x for x in inputs if x is not None and x.requires_grad]
             d_log, *d_inputs = torch.autograd.grad(outputs, wrt, grads, allow_unused=True)
             d_decay = torch.where(below, torch.zeros_like(d_log), d_log / decay.masked_fill(below, 1))
-            rank = below.cumsum(-1)  # the small decays of each row, counted in order
+            rank = below.cumsum(2)  # the small decays of each row (and channel), counted in time order
             for parity in (1, 0):
                 chosen = below & (rank % 2 == parity)
                 if not chosen.any():

@@ -105,10 +105,10 @@ def _run_state(rule, q, k, v, beta, state, log_decay, backend, on_choice, needs_
 
 def _check_rule_inputs(rule, beta, gated):
     """What `rule` takes: beta where it has a write strength, a decay where it is gated."""
-    if rule.write_strength != (beta is not None):
+    if bool(rule.write_strength) != (beta is not None):
         raise ValueError(f"the update rule {rule.name!r} " + ("needs beta" if rule.write_strength else
                                                              "takes no beta"))
-    if rule.decay != gated:
+    if bool(rule.decay) != gated:
         raise ValueError(f"the update rule {rule.name!r} " + ("needs a decay (decay= or log_decay=)" if rule.decay
                                                              else "takes no decay"))
 
@@ -120,7 +120,8 @@ def _checked_call(run, rule, q, k, v, beta, state, decay, log_decay, backend, on
     autograd and the backward in a second pass, and both must pick the backend a training call gets
     (one with a backward pass), never one that would fail, or differ, in backward()."""
     rule = update_rule(rule) if rule is not None else rule_for(beta, decay if decay is not None else log_decay)
-    check_inputs(q, k, v, beta, state, decay, log_decay, rule.substeps)
+    check_inputs(q, k, v, beta, state, decay, log_decay, rule.substeps, rule.decay == "channels",
+                 rule.write_strength == "channels")
     _check_rule_inputs(rule, beta, decay is not None or log_decay is not None)
     needs_grad = _needs_grad(q, k, v, beta, state, decay, log_decay)
     if decay is None:
@@ -247,7 +248,8 @@ def fast_weight_step_(memory, q, k, v, beta=None, *, log_decay=None, rule=None, 
     the memory stays in the accumulation dtype (float32, or float64).
     """
     rule = update_rule(rule) if rule is not None else rule_for(beta, log_decay)
-    check_step_inputs(q, k, v, beta, log_decay, rule.substeps)
+    check_step_inputs(q, k, v, beta, log_decay, rule.substeps, rule.decay == "channels",
+                      rule.write_strength == "channels")
     dtype = _compute_dtype([q, k, v, beta])
     call = Call.of(rule, q, v, dtype, needs_grad=False)
     choice = memory.backend_for(backend, call, resolve)

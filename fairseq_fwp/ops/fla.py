@@ -113,16 +113,49 @@ def _initial_state(state, inputs):
     return initial
 
 
+@functools.lru_cache(maxsize=None)
+def channel_kernels():
+    """fla's kernels of the rules with a decay per key channel, by (rule, form); raises BackendUnavailableError
+    if this fla has none."""
+    try:
+        gla, kda, gdn2 = (importlib.import_module(f"fla.ops.{name}") for name in ("gla", "kda", "gdn2"))
+    except ImportError as err:
+        raise BackendUnavailableError(f"fla has no kernels of GLA, KDA and GDN-2 here ({err}): "
+                                      "pip install fla-core>=0.6") from err
+    return {("gla", "chunk"): gla.chunk_gla, ("gla", "recurrent"): gla.fused_recurrent_gla,
+            ("kda", "chunk"): kda.chunk_kda, ("kda", "recurrent"): kda.fused_recurrent_kda,
+            ("gdn2", "chunk"): gdn2.chunk_gdn2, ("gdn2", "recurrent"): gdn2.fused_recurrent_gdn2}
+
+
+def _channel_arguments(rule, form, q, k, v, beta, g):
+    """The per-channel kernels' arguments after q, k, v, and their keywords: g is the log-decay per key channel;
+    GDN-2's beta holds its erase gate (D) then its write gate (Dv)."""
+    if rule == "gla":
+        return (), {"g" if form == "chunk" else "gk": g}
+    if rule == "kda":
+        extra = (g, beta)
+    else:
+        extra = (g, beta[..., :k.shape[-1]], beta[..., k.shape[-1]:])
+    return extra, ({"inplace_final_state": False} if form == "recurrent" else {})
+
+
 def _run(rule, q, k, v, beta, state, log_decay):
-    """fla's kernel for `rule` ("sum", "delta", "gated-sum" or "gated-delta") and the inputs' dtype and length."""
+    """fla's kernel for `rule` (sum, delta, gated-sum, gated-delta, gla, kda or gdn2) and the inputs' dtype and
+    length."""
     to_fla = lambda x: x.transpose(1, 2)  # noqa: E731  [B, H, T, ...] <-> [B, T, H, ...]
-    options = {} if beta is None else {"beta": to_fla(beta)}
-    if log_decay is not None:  # fla's g is log a
-        options["g"] = to_fla(log_decay.clamp_min(LOG_FULL_FORGET))
-    kernel = kernels()[rule, kernel_form(q.dtype, q.shape[2])]
+    form = kernel_form(q.dtype, q.shape[2])
+    g = None if log_decay is None else to_fla(log_decay.clamp_min(LOG_FULL_FORGET))  # fla's g is log a
+    if rule in CHANNEL_RULES:
+        kernel = channel_kernels()[rule, form]
+        arguments, options = _channel_arguments(rule, form, q, k, v, None if beta is None else to_fla(beta), g)
+    else:
+        kernel, arguments = kernels()[rule, form], ()
+        options = {} if beta is None else {"beta": to_fla(beta)}
+        if g is not None:
+            options["g"] = g
     initial = _initial_state(state, [x for x in (q, k, v, beta, log_decay) if x is not None])
-    out, final = kernel(to_fla(q), to_fla(k), to_fla(v), scale=1.0, initial_state=initial, output_final_state=True,
-                        **options)
+    out, final = kernel(to_fla(q), to_fla(k), to_fla(v), *arguments, scale=1.0, initial_state=initial,
+                        output_final_state=True, **options)
     return to_fla(out), final.transpose(-1, -2)
 
 
@@ -164,6 +197,29 @@ def _kernel(rule, unfit=fits):
 SUM, DELTA = _kernel("sum"), _kernel("delta")
 GATED_SUM = _kernel("gated-sum", _gated_chunk_backward_refused)
 GATED_DELTA = _kernel("gated-delta", _gated_delta_unfit)
+
+# -- the rules with a decay per key channel (rules/channels.py) --------------------------------------
+
+CHANNEL_RULES = ("gla", "kda", "gdn2")
+
+
+def _channel_unfit(name, forward_only_recurrent):
+    """Why fla cannot run a call of rule `name`: this fla lacks its kernels, or (KDA, GDN-2) its recurrent
+    kernel, forward only, would have to give gradients."""
+    def unfit(call):
+        try:
+            channel_kernels()
+        except BackendUnavailableError as err:
+            return str(err)
+        if forward_only_recurrent and call.needs_grad and kernel_form(call.dtype, call.T) == "recurrent":
+            return f"fla's recurrent {name} (float32, or one step) has no backward pass"
+        return None
+    return unfit
+
+
+GLA = _kernel("gla", _channel_unfit("GLA", False))
+KDA = _kernel("kda", _channel_unfit("KDA", True))
+GDN2 = _kernel("gdn2", _channel_unfit("GDN-2", True))
 
 
 def _no_recurrent_product(call):

@@ -33,7 +33,9 @@ def factored_length_limit(D, Dv):
 
 
 def _decay_factor(a):
-    return a.unsqueeze(-1).unsqueeze(-1)
+    """What W ``[rows, H, Dv, D]`` is multiplied by: a ``[rows, H]`` whole (a W), or a ``[rows, H, D]`` per
+    key channel (W Diag(a): its columns)."""
+    return a.unsqueeze(-2) if a.dim() == 3 else a.unsqueeze(-1).unsqueeze(-1)
 
 
 def _check_reads(x):
@@ -142,11 +144,13 @@ class Memory:
     # -- what a rule's step does with it (rules/) ------------------------------------------------
 
     def decay_(self, a):
-        """W <- a W, a ``[rows, H]`` or None (the gated rules' decay)."""
+        """W <- a W, a ``[rows, H]``, or W <- W Diag(a), a ``[rows, H, D]`` per key channel; None: no decay."""
         if a is None:
             return
         if self.fast_weight is not None:
             self.fast_weight.mul_(_decay_factor(a))
+        elif a.dim() == 3 and self._keys is not None:  # W Diag(a) = writes^T (keys Diag(a))
+            self._keys.mul_(_decay_factor(a))
         elif self._writes is not None:  # a W = (a writes)^T keys
             self._writes.mul_(_decay_factor(a))
 

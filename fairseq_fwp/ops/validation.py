@@ -24,9 +24,11 @@ def _check_tensor(name, x, expected_shape, ref):
         raise ValueError(f"{name} is on {x.device}, but q is on {ref.device}")
 
 
-def check_inputs(q, k, v, beta=None, state=None, decay=None, log_decay=None, substeps=False):
+def check_inputs(q, k, v, beta=None, state=None, decay=None, log_decay=None, substeps=False, channel_decay=False,
+                 channel_strength=False):
     """Validate the contract layouts (any mix of floating dtypes); returns (B, H, T, D, Dv). substeps: a
-    rule with N writes per token (k ``[B, H, T, N, D]``, v ``[B, H, T, N, Dv]``, beta ``[B, H, T, N]``)."""
+    rule with N writes per token (k ``[B, H, T, N, D]``, v ``[B, H, T, N, Dv]``, beta ``[B, H, T, N]``);
+    channel_decay: a decay per key channel ``[B, H, T, D]``; channel_strength: beta ``[B, H, T, D + Dv]``."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         shape = _describe(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"q must have shape [B, H, T, D], got {shape}")
@@ -37,20 +39,22 @@ def check_inputs(q, k, v, beta=None, state=None, decay=None, log_decay=None, sub
     _check_tensor("v", v, (B, H, T, *N, "Dv"), q)
     Dv = v.shape[-1]
     if beta is not None:
-        _check_tensor("beta", beta, (B, H, T, *N), q)
+        _check_tensor("beta", beta, (B, H, T, *N, *((D + Dv,) if channel_strength else ())), q)
     if state is not None:
         _check_tensor("state", state, (B, H, Dv, D), q)
     if decay is not None and log_decay is not None:
         raise ValueError("give decay or log_decay, not both")
     for name, gate in (("decay", decay), ("log_decay", log_decay)):
         if gate is not None:
-            _check_tensor(name, gate, (B, H, T), q)
+            _check_tensor(name, gate, (B, H, T, *((D,) if channel_decay else ())), q)
     return B, H, T, D, Dv
 
 
-def check_step_inputs(q, k, v, beta=None, log_decay=None, substeps=False):
+def check_step_inputs(q, k, v, beta=None, log_decay=None, substeps=False, channel_decay=False,
+                      channel_strength=False):
     """The layouts of one decoding step: q, k ``[B, H, D]``, v ``[B, H, Dv]``, beta and log_decay ``[B, H]``
-    (substeps: k ``[B, H, N, D]``, v ``[B, H, N, Dv]``, beta ``[B, H, N]``)."""
+    (substeps: k ``[B, H, N, D]``, v ``[B, H, N, Dv]``, beta ``[B, H, N]``; channel_decay: log_decay
+    ``[B, H, D]``; channel_strength: beta ``[B, H, D + Dv]``)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         shape = _describe(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"q must have shape [B, H, D], got {shape}")
@@ -60,9 +64,9 @@ def check_step_inputs(q, k, v, beta=None, log_decay=None, substeps=False):
     _check_tensor("k", k, (B, H, *N, D), q)
     _check_tensor("v", v, (B, H, *N, "Dv"), q)
     if beta is not None:
-        _check_tensor("beta", beta, (B, H, *N), q)
+        _check_tensor("beta", beta, (B, H, *N, *((D + v.shape[-1],) if channel_strength else ())), q)
     if log_decay is not None:
-        _check_tensor("log_decay", log_decay, (B, H), q)
+        _check_tensor("log_decay", log_decay, (B, H, *((D,) if channel_decay else ())), q)
 
 
 def _substeps(k, substeps, axis):

@@ -28,8 +28,13 @@ UPDATE_RULES = {}
 
 
 class UpdateRule:
-    write_strength = False  # beta_t in (0, 1) per head and token, from the layer input (Eq. 21)
-    decay = False  # a_t in [0, 1] per head and token, from the layer input (the gated rules)
+    # beta_t in (0, 1) per head and token, from the layer input (Eq. 21); "channels": one per key channel and
+    # one per value channel, beta ``[.., D + Dv]`` (GDN-2's erase and write gates)
+    write_strength = False
+    # a_t in [0, 1] per head and token, from the layer input (the gated rules); "channels": one per key channel,
+    # a ``[.., D]`` (GLA, KDA)
+    decay = False
+    decay_form = "mamba2"  # the decay gate its paper builds (modules/gates.py), which --fwp-decay-form auto takes
     normalised_keys = False  # phi(k) must be normalised (sum or l2): the rule diverges without
     normalised_retrieval = False  # with attention normalisation, its retrieval W k is normalised too (Eqs. 26-28)
     # Each write is a generalised Householder transition I - beta k k^T: with beta in (0, 2) instead of (0, 1)
