@@ -188,3 +188,18 @@ def test_uptraining_starts_as_the_matching_ungated_rule(rule):
     with torch.no_grad():
         got, want = model.eval()(tokens)[0], twin.eval()(tokens)[0]
     assert (got - want).abs().max() / want.abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_fla_matches_the_recurrence(rule, dtype):
+    """fla's chunk kernels on a GPU, in half types, with every gradient (and auto picks them there)."""
+    from fairseq_fwp.ops.backends import resolved_name
+
+    inputs = [None if x is None else x.detach().cuda().requires_grad_()
+              for x in make(rule, 2, 12, 200, 64, 64, dtype=dtype, forgets=True)]
+    inputs[5] = inputs[5].detach().float().requires_grad_()
+    got = results(rule, inputs, op(rule, "fla"))
+    want = results(rule, widened(inputs), lambda *x: recurrence(rule, *x))
+    assert max(relative_errors(got, want).values()) < 3e-2, relative_errors(got, want)
+    assert resolved_name("auto", inputs[0], 64, rule=rule) == "fla"
