@@ -170,10 +170,18 @@ WIKITEXT2 = {  # Table 2/5 rows, and Table 4's carried rows
     "delta-hybrid": row("--fwp-softmax-layers", "3", task=LM),
     "gated-deltanet": row("--fwp-update-rule", "gated-delta", "--fwp-feature-map", "silu", "--fwp-qk-norm", "l2",
                           "--fwp-short-conv", "4", "--fwp-output-gate", "on", task=LM),
-    # the gated delta rule with beta in (0, 2) (eigenvalues in [-1, 1]), and with 2 writes per token (DeltaProduct)
-    "gated-delta-negative": row("--fwp-update-rule", "gated-delta", "--fwp-negative-eigenvalues", "on", task=LM),
-    "gated-deltaproduct-2": row("--fwp-update-rule", "gated-delta", "--fwp-negative-eigenvalues", "on",
-                                "--fwp-householder-steps", "2", task=LM),
+    # the gated delta rule with unit keys (each write's transition I - beta k k^T has eigenvalues 1 and 1 - beta),
+    # then with beta in (0, 2) (eigenvalues in (-1, 1]), and with 2 writes per token (DeltaProduct)
+    "gated-delta-l2": row("--fwp-update-rule", "gated-delta", "--fwp-qk-norm", "l2", task=LM),
+    "gated-delta-l2-negative": row("--fwp-update-rule", "gated-delta", "--fwp-qk-norm", "l2",
+                                   "--fwp-negative-eigenvalues", "on", task=LM),
+    "gated-deltaproduct-2-l2-negative": row("--fwp-update-rule", "gated-delta", "--fwp-qk-norm", "l2",
+                                            "--fwp-negative-eigenvalues", "on", "--fwp-householder-steps", "2",
+                                            task=LM),
+    # a decay per key channel: GLA (the sum rule), KDA (the delta rule), GDN-2 (KDA with erase and write gates)
+    "gla": row("--fwp-update-rule", "gla", task=LM),
+    "kda": row("--fwp-update-rule", "kda", task=LM),
+    "gdn2": row("--fwp-update-rule", "gdn2", task=LM),
     # uptrained from the softmax row, keeping its positions
     **uptrained_rows("linear-delta", ("--fwp-positions", "on"), task=LM),
 }
