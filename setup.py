@@ -6,9 +6,18 @@ overrides that: "1" builds it (the CPU twin alone without CUDA), "0" skips it.
 Without a prebuilt extension the ops JIT-build it on first use of
 backend="cuda" (fairseq_fwp/ops/cuda.py).
 """
+import importlib.util
 import os
 
 from setuptools import find_packages, setup
+
+
+def _csrc_sources():
+    """fairseq_fwp/ops/csrc_sources.py, read without importing the package (nothing is installed yet)."""
+    spec = importlib.util.spec_from_file_location("csrc_sources", os.path.join("fairseq_fwp", "ops", "csrc_sources.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def extension_modules():
@@ -30,7 +39,8 @@ def extension_modules():
     if switch == "auto" and not with_cuda:
         return [], {}
     sources = ["csrc/fast_weight.cpp"]
-    flags = {"cxx": ["-O3", "-std=c++17"]}
+    digest = _csrc_sources().sources_digest()  # the extension says which sources it was built from
+    flags = {"cxx": ["-O3", "-std=c++17", f'-DFWP_SOURCES_DIGEST="{digest}"']}
     if with_cuda:
         sources.append("csrc/fast_weight_cuda.cu")
         flags["cxx"].append("-DFWP_WITH_CUDA")

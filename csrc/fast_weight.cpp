@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fast_weight.h"
+#include "fast_weight_step.h"
 #include "fast_weight_twin.h"
 
 #ifdef FWP_WITH_CUDA
@@ -164,6 +165,91 @@ std::vector<int64_t> shared_memory_bytes(int64_t D, int64_t chunk, int64_t rows,
   return {fwp::forward_shared_bytes(p, acc_size), fwp::backward_shared_bytes(p, acc_size)};
 }
 
+// One decoding step of every (row, head), fused (fast_weight_step.h): q [R, H, d], k [R, H, N, d], v [R, H, N,
+// dv], beta [R, H, N] or [R, H, D + dv], log_decay [R, H] or [R, H, D], W [R, H, dv, D] and z [R, H, D] (advanced
+// in place), all contiguous, in W's dtype, on the CPU. Returns out [R, H, dv].
+at::Tensor fused_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const c10::optional<at::Tensor>& beta, const c10::optional<at::Tensor>& log_decay,
+                      at::Tensor& W, const c10::optional<at::Tensor>& z, const c10::optional<at::Tensor>& projection,
+                      int64_t map, int64_t nu, double input_scale, int64_t qk_norm, bool attention_normalization,
+                      bool normalised_retrieval, int64_t write, int64_t decay, double eps) {
+  TORCH_CHECK(!W.is_cuda(), "the fused decoding step runs on the CPU");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4 && W.dim() == 4, "fused_step: q [R, H, d], k [R, H, N, d], "
+              "v [R, H, N, dv], W [R, H, dv, D]");
+  const int64_t RH = q.size(0) * q.size(1);
+  const fwp::StepSizes sizes{q.size(2), W.size(3), W.size(2)};
+  const auto dtype = W.scalar_type();
+  for (auto [x, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&W, "W"}}) check_tensor(*x, name, q, dtype);
+  for (auto [x, name] : {std::pair{&beta, "beta"}, {&log_decay, "log_decay"}, {&z, "z"}, {&projection, "projection"}})
+    if (x->has_value()) check_tensor(**x, name, q, dtype);
+  TORCH_CHECK(!attention_normalization || z.has_value(), "fused_step: attention normalisation needs z");
+  fwp::StepOptions options{static_cast<fwp::FeatureMap>(map), nu, data_or_null(projection), input_scale,
+                           static_cast<fwp::QKNorm>(qk_norm), attention_normalization, normalised_retrieval,
+                           static_cast<fwp::Write>(write), k.size(2), static_cast<fwp::Decay>(decay), eps};
+  const int64_t beta_size = beta ? beta->numel() / RH : 0, decay_size = log_decay ? log_decay->numel() / RH : 0;
+  at::Tensor out = at::empty({q.size(0), q.size(1), sizes.dv}, W.options());
+  AT_DISPATCH_FLOATING_TYPES(dtype, "fused_step", [&] {
+    const scalar_t *q_ = q.data_ptr<scalar_t>(), *k_ = k.data_ptr<scalar_t>(), *v_ = v.data_ptr<scalar_t>();
+    const scalar_t* beta_ = beta ? beta->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* decay_ = log_decay ? log_decay->data_ptr<scalar_t>() : nullptr;
+    scalar_t *W_ = W.data_ptr<scalar_t>(), *z_ = z ? z->data_ptr<scalar_t>() : nullptr;
+    scalar_t* out_ = out.data_ptr<scalar_t>();
+    const int64_t N = options.writes, d = sizes.d, D = sizes.D, dv = sizes.dv;
+    at::parallel_for(0, RH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> scratch(3 * D + 2 * d + dv);
+      for (int64_t i = begin; i < end; ++i)
+        fwp::fused_step(options, sizes, q_ + i * d, k_ + i * N * d, v_ + i * N * dv,
+                        beta_ ? beta_ + i * beta_size : nullptr, decay_ ? decay_ + i * decay_size : nullptr,
+                        W_ + i * dv * D, z_ ? z_ + i * D : nullptr, out_ + i * dv, scratch.data());
+    });
+  });
+  return out;
+}
+
+// A read of every row's source memory (fast_weight_step.h's fused_read): q [R, H, d]; the memories of n sources,
+// each read by R / n consecutive rows: W [n, H, dv, D], or its factors keys [n, H, t, D] and writes [n, H, t, dv];
+// z [n, H, D] under attention normalisation. Returns out [R, H, dv].
+at::Tensor fused_read(const at::Tensor& q, const c10::optional<at::Tensor>& W, const c10::optional<at::Tensor>& keys,
+                      const c10::optional<at::Tensor>& writes, const c10::optional<at::Tensor>& z,
+                      const c10::optional<at::Tensor>& projection, int64_t map, int64_t nu, double input_scale,
+                      int64_t qk_norm, bool attention_normalization, double eps) {
+  TORCH_CHECK(!q.is_cuda(), "the fused read runs on the CPU");
+  TORCH_CHECK(W.has_value() != (keys.has_value() && writes.has_value()), "fused_read: W, or keys and writes");
+  const at::Tensor& held = W ? *W : *writes;
+  const auto dtype = held.scalar_type();
+  check_tensor(q, "q", q, dtype);
+  for (auto [x, name] : {std::pair{&W, "W"}, {&keys, "keys"}, {&writes, "writes"}, {&z, "z"}, {&projection, "projection"}})
+    if (x->has_value()) check_tensor(**x, name, q, dtype);
+  const int64_t R = q.size(0), H = q.size(1), n = held.size(0);
+  TORCH_CHECK(R % n == 0, "fused_read: ", R, " rows cannot share ", n, " source memories");
+  const fwp::StepSizes sizes{q.size(2), W ? W->size(3) : keys->size(3), W ? W->size(2) : writes->size(3)};
+  const int64_t t = W ? 0 : keys->size(2), g = R / n;
+  TORCH_CHECK(!attention_normalization || z.has_value(), "fused_read: attention normalisation needs z");
+  fwp::StepOptions options{static_cast<fwp::FeatureMap>(map), nu, data_or_null(projection), input_scale,
+                           static_cast<fwp::QKNorm>(qk_norm), attention_normalization, false, fwp::Write::kSum, 1,
+                           fwp::Decay::kNone, eps};
+  at::Tensor out = at::empty({R, H, sizes.dv}, held.options());
+  AT_DISPATCH_FLOATING_TYPES(dtype, "fused_read", [&] {
+    const scalar_t* q_ = q.data_ptr<scalar_t>();
+    const scalar_t* W_ = W ? W->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* keys_ = keys ? keys->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* writes_ = writes ? writes->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* z_ = z ? z->data_ptr<scalar_t>() : nullptr;
+    scalar_t* out_ = out.data_ptr<scalar_t>();
+    const int64_t d = sizes.d, D = sizes.D, dv = sizes.dv;
+    at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> scratch(D + 2 * d + t);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t source = (i / H) / g * H + i % H;  // (its memory's row, head)
+        fwp::fused_read(options, sizes, t, q_ + i * d, W_ ? W_ + source * dv * D : nullptr,
+                        keys_ ? keys_ + source * t * D : nullptr, writes_ ? writes_ + source * t * dv : nullptr,
+                        z_ ? z_ + source * D : nullptr, out_ + i * dv, scratch.data());
+      }
+    });
+  });
+  return out;
+}
+
 bool has_cuda_kernels() {
 #ifdef FWP_WITH_CUDA
   return true;
@@ -182,5 +268,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(forward, backward) dynamic shared memory of one launch, in bytes", py::arg("D"), py::arg("chunk"),
         py::arg("rows"), py::arg("acc_size"));
   m.def("has_cuda_kernels", &has_cuda_kernels, "whether this build has the CUDA kernels");
+  m.def("fused_step", &fused_step, "one decoding step of every (row, head), fused (fast_weight_step.h)");
+  m.def("fused_read", &fused_read, "a read of every row's source memory, fused (fast_weight_step.h)");
   m.attr("max_features") = fwp::kMaxFeatures;
+#ifdef FWP_SOURCES_DIGEST  // setup.py's build: the digest of the sources it was built from (ops/csrc_sources.py)
+  m.attr("sources_digest") = FWP_SOURCES_DIGEST;
+#endif
 }

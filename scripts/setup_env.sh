@@ -8,7 +8,7 @@ FAIRSEQ=fairseq-fixed==0.12.3.1  # upstream fairseq 0.12.2 does not build on Pyt
 FASTBPE=0.1.0
 
 stamp=.venv/.fairseq-fwp-env
-want=$(cat requirements.txt scripts/setup_env.sh setup.py | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt scripts/setup_env.sh setup.py csrc/* | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
   exit 0
 fi
@@ -26,6 +26,9 @@ mkdir "$build/bin" && printf '#!/bin/sh\nexit 1\n' > "$build/bin/ninja" && chmod
 PATH="$build/bin:$PATH" DIST_EXTRA_CONFIG="$build/setup.cfg" "${pip[@]}" --no-build-isolation --no-deps "$FAIRSEQ"
 rm -rf "$build"
 "${pip[@]}" --no-build-isolation --no-deps -e .
+# The csrc extension's CPU part, in place (fairseq_fwp/_C*.so, about a minute): decoding's fused step needs it
+# from the first step on (pip's editable install would build it without this venv's torch).
+FAIRSEQ_FWP_BUILD_EXT=1 .venv/bin/python setup.py -q build_ext --inplace
 # fastBPE (--bpe-tool fastbpe, fairseq's --bpe fastbpe): its Python module applies codes; its
 # command-line program, which learns them, is built from the same registry sources.
 "${pip[@]}" --no-build-isolation --no-deps "fastBPE==$FASTBPE"

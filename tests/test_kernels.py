@@ -222,3 +222,13 @@ def test_gpu_a_launch_above_the_shared_memory_limit_is_refused(rule, monkeypatch
     inputs = to_cuda(make_inputs(1, 2, C + 3, 512, 8, dtype=torch.float32))
     with pytest.raises(BackendUnavailableError, match="backend 'cuda' cannot run this call: a launch for D = 512"):
         outputs_and_grads(rule, inputs, "cuda")
+
+
+def test_a_prebuilt_extension_of_other_sources_is_not_loaded(monkeypatch):
+    """setup.py's build says which sources it was built from (ops/csrc_sources.py); one of other sources (csrc/
+    edited since) gives way to a build of these."""
+    built = object()
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_jit_build", lambda: built)
+    monkeypatch.setattr(kernels, "sources_digest", lambda: "not these")
+    assert kernels.load_extension() is built

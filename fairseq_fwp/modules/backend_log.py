@@ -12,9 +12,13 @@ class BackendLog:
         self.seen = set()
 
     def note(self, choice):
-        if choice.log is not None and choice.log not in self.seen:
-            self.seen.add(choice.log)
-            logger.info(choice.log)
+        if choice.log is not None:
+            self.say(choice.log)
+
+    def say(self, line):
+        if line not in self.seen:
+            self.seen.add(line)
+            logger.info(line)
 
 
 def share_backend_log(model):

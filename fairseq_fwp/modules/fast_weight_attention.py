@@ -42,6 +42,7 @@ from .attention_options import AttentionOptions
 from .backend_log import BackendLog
 from .carried_streams import CarriedStreams
 from .feature_maps import build_feature_map, normalize_features
+from .fused_step import fused_step_for
 from .gates import DecayGate, OutputGate
 from .short_convolution import ShortConvolution
 from .state import FastWeightState, rows_per_source
@@ -78,6 +79,7 @@ class FastWeightAttention(nn.Module):
         self.output_gate = OutputGate(embed_dim, options.num_heads) if options.output_gate else None
         self.feature_map = build_feature_map(options.feature_map, self.head_dim, **dict(options.feature_map_options))
         self.reset_parameters()
+        self.fused_step = fused_step_for(self)  # decoding in one call (fused_step.py), where it computes the same
 
     @staticmethod
     def _features(options):
@@ -173,6 +175,8 @@ class FastWeightAttention(nn.Module):
         state = self._starting_state(x, incremental_state)
         keep = None if key_padding_mask is None else ~key_padding_mask  # [B, T]: positions that write
         one_step = incremental_state is not None and x.shape[0] == 1 and not torch.is_grad_enabled()
+        if one_step and self.fused_step is not None and self.fused_step.runs(x, keep):
+            return self._fused_causal_step(x, state, incremental_state)
         q, k, v = self._causal_features(x, keep, state)
         beta, log_decay = self._gates(x, keep)
         z, k, beta = self._attention_normalization(k, beta, state, one_step)
@@ -196,9 +200,9 @@ class FastWeightAttention(nn.Module):
         state.check_features(self.feature_map.draw, "the carried state")
         return state
 
-    def _causal_features(self, x, keep, state):
-        """phi(q), phi(k) and v ``[B, H, T, .]``, through the short convolutions where there are any
-        (their caches in `state` advance); padded positions write nothing."""
+    def _projections(self, x, keep, state):
+        """The q, k, v projections ``[T, B, .]``, through the short convolutions where there are any (their
+        caches in `state` advance)."""
         projected = [self.q_proj(x), self.k_proj(x), self.v_proj(x)]
         if self.convolutions is not None:
             mask = None if keep is None else keep.t().unsqueeze(-1).to(x.dtype)  # [T, B, 1]
@@ -206,6 +210,24 @@ class FastWeightAttention(nn.Module):
             results = [conv(inputs if mask is None else inputs * mask, cache)
                        for conv, inputs, cache in zip(self.convolutions.values(), projected, caches)]
             projected, state.convolutions = [y for y, _ in results], tuple(cache for _, cache in results)
+        return projected
+
+    def _fused_causal_step(self, x, state, incremental_state):
+        """One decoding step through the fused step (fused_step.py): the projections and gates here, then
+        one call for the features, the memory's update and its read."""
+        q, k, v = (self._heads(y)[:, :, 0] for y in self._projections(x, None, state))  # [B, H, (N,) d]
+        if not self.rule.substeps:
+            k, v = k.unsqueeze(2), v.unsqueeze(2)
+        beta, log_decay = self._gates(x, None)
+        out = self.fused_step(q, k, v, _step(beta), _step(log_decay), state)
+        state.feature_draw = self.feature_map.draw
+        self._set_input_buffer(incremental_state, state)
+        return self._finish(out.unsqueeze(2).to(x.dtype), x)
+
+    def _causal_features(self, x, keep, state):
+        """phi(q), phi(k) and v ``[B, H, T, .]``, through the short convolutions where there are any
+        (their caches in `state` advance); padded positions write nothing."""
+        projected = self._projections(x, keep, state)
         q, k, v = self._phi(projected[0]), self._phi(projected[1]), self._heads(projected[2])
         if keep is not None:
             k = k * _per_token(keep, k).to(k.dtype)
@@ -305,9 +327,13 @@ class FastWeightAttention(nn.Module):
     # -- non-causal ------------------------------------------------------------
 
     def _non_causal(self, query, key, key_padding_mask, incremental_state, static_kv):
-        q = self._phi(self.q_proj(query))
         cached = incremental_state is not None and static_kv
         state = self._get_input_buffer(incremental_state) if cached else FastWeightState()
+        if cached and not state.memory.is_empty and query.shape[0] == 1 and self.fused_step is not None \
+                and self.fused_step.runs(query, None):  # a decoding step's read, in one call (fused_step.py)
+            out = self.fused_step.read(self._heads(self.q_proj(query))[:, :, 0], state)
+            return self._finish(out.unsqueeze(2).to(query.dtype), query)
+        q = self._phi(self.q_proj(query))
         if state.memory.is_empty:
             # Beam search repeats each source once per beam: one memory per source serves its rows.
             g = rows_per_source(key, key_padding_mask) if cached else 1
@@ -330,7 +356,7 @@ class FastWeightAttention(nn.Module):
             k = k * (~key_padding_mask).unsqueeze(1).unsqueeze(-1).to(k.dtype)
         state.key_sum = k.to(accumulation_dtype(k.dtype)).sum(2) if self.options.attention_normalization else None
         if factored and k.shape[2] < factored_length_limit(k.shape[-1], v.shape[-1]):
-            state.memory.hold_factors_(k, v)
+            state.memory.hold_factors_(k.contiguous(), v.contiguous())  # read at every step: laid out once
         else:
             state.memory.hold_(torch.einsum("bhte,bhtd->bhed", v, k))
 

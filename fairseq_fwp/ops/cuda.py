@@ -25,11 +25,11 @@ import subprocess
 
 import torch
 
+from .csrc_sources import CSRC_DIR, sources_digest
 from .errors import BackendUnavailableError
 from .protocol import Backend, Kernel
 
 logger = logging.getLogger(__name__)
-CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
 CHUNK = 16  # steps between checkpoints: the backward replays up to CHUNK - 1 writes per step
 
 _extension = None
@@ -103,7 +103,7 @@ def _jit_build():
     logger.info("building the fast-weight extension from %s (%s; once per machine, about a minute)",
                 CSRC_DIR, "CUDA kernels and CPU twin" if with_cuda else "CPU twin only")
     return cpp_extension.load(
-        name="fairseq_fwp_kernels_cuda" if with_cuda else "fairseq_fwp_kernels_cpu",
+        name=f"fairseq_fwp_kernels_{'cuda' if with_cuda else 'cpu'}_{sources_digest()}",
         sources=sources, extra_cflags=flags, extra_cuda_cflags=["-O3", "-std=c++17"],
         with_cuda=with_cuda, verbose=False)
 
@@ -113,7 +113,9 @@ def load_extension():
     global _extension
     if _extension is None:
         try:
-            from .. import _C as extension  # built by setup.py
+            from .. import _C as extension  # built by setup.py (FAIRSEQ_FWP_BUILD_EXT=1: scripts/setup_env.sh)
+            if getattr(extension, "sources_digest", None) != sources_digest():  # built from other sources
+                raise ImportError("the prebuilt extension is of other sources than csrc/'s")
         except ImportError:
             try:
                 extension = _jit_build()

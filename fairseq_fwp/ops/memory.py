@@ -106,6 +106,13 @@ class Memory:
         """The tensors it holds (the reorder spares and storages, allocated once, apart)."""
         return [x for x in (self.fast_weight, self._keys, self._writes) if x is not None]
 
+    def held(self):
+        """(W, None, None), or (None, keys, writes) where it holds W = writes^T keys as its factors ``[rows, H, t,
+        D]`` and ``[rows, H, t, Dv]``, or (None, None, None) empty: what a fused read takes as it is."""
+        if self._keys is not None:
+            return None, self._keys[:, :, :self.tokens], self._writes[:, :, :self.tokens]
+        return self.fast_weight, None, None
+
     def materialized(self):
         """W (built from the factors where they hold it), or None for an empty memory."""
         if self._keys is not None:
@@ -126,12 +133,12 @@ class Memory:
         if self.is_empty:
             self._shape = (*k.shape[:2], k.shape[-1], v.shape[-1], dtype, k.device)
 
-    def fast_weight_for(self, q, v, dtype):
+    def fast_weight_for(self, q, v, dtype, D=None):
         """W, held from now on (zeros for an empty memory, in `dtype`), for a kernel's step with q
-        ``[rows, H, D]`` and v ``[rows, H, Dv]``."""
+        ``[rows, H, D]`` and v ``[rows, H, Dv]`` (D: the features' size where q is not feature-mapped yet)."""
         if self.fast_weight is None:
             W = self.materialized()
-            self.hold_(q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1], dtype=dtype) if W is None else W)
+            self.hold_(q.new_zeros(*q.shape[:2], v.shape[-1], D or q.shape[-1], dtype=dtype) if W is None else W)
         return self.fast_weight
 
     def backend_for(self, name, call, resolve):

@@ -1,0 +1,109 @@
+"""A decoding step of the self-attention in one call: the csrc extension's fused_step (csrc/fast_weight_step.h).
+
+At batch 1 every tensor op of a decoding step costs a few microseconds, and the step of a fast-weight layer
+ran about twice as many as softmax attention's (the feature map, its normalisation, attention normalisation,
+the decay, the writes and the read, each its own op and Python call). The fused step does those in one call
+of C++, per (row, head), on the fast weight W in place; the projections before it and the output gate and
+projection after it stay torch's.
+
+It runs where it computes exactly what the rule's own step computes (the oracle, tests/test_fused_step.py):
+a built-in feature map with a built-in rule, float32 or float64 on the CPU, no autocast, no padding mask, and
+a backend other than "reference" (which keeps the rule's own step, the oracle). Everything else, and every
+process where the extension does not build, keeps the unfused step.
+"""
+import logging
+from typing import Optional
+
+import torch
+
+from ..ops import BackendUnavailableError
+from ..ops import cuda as extension
+from ..ops.rules import UPDATE_RULES
+from .feature_maps import DPFPFeatureMap, LinearFeatureMap, PerformerFeatureMap, SiLUFeatureMap
+
+logger = logging.getLogger("fairseq_fwp.backend")
+MAPS = {LinearFeatureMap: 0, SiLUFeatureMap: 1, DPFPFeatureMap: 2, PerformerFeatureMap: 3}  # fwp::FeatureMap
+QK_NORMS = {"none": 0, "sum": 1, "l2": 2}
+# fwp::Write of each built-in rule: what a write stores
+WRITES = {"sum": 0, "gated-sum": 0, "gla": 0, "delta": 1, "gated-delta": 1, "delta-product": 1,
+          "gated-delta-product": 1, "kda": 1, "kda-product": 1, "gdn2": 2}
+DECAYS = {False: 0, True: 1, "channels": 2}  # fwp::Decay
+_unavailable = []  # why the extension does not load here, once it was tried
+
+
+def fused_step_for(attention) -> Optional["FusedStep"]:
+    """The fused step (causal) or read (encoder-decoder attention) of a FastWeightAttention's decoding, or None
+    where it keeps the rule's own step."""
+    options, rule = attention.options, attention.rule
+    builtin_rule = UPDATE_RULES.get(rule.name) is rule and rule.name in WRITES and \
+        type(rule).__module__.startswith("fairseq_fwp.ops.rules")
+    if not (builtin_rule and type(attention.feature_map) in MAPS and options.backend != "reference"):
+        return None
+    return FusedStep(attention)
+
+
+class FusedStep:
+    def __init__(self, attention):
+        o = attention.options
+        self.attention = attention
+        self.attention_normalization = o.attention_normalization
+        # fused_step's options, in its order: the map, DPFP's nu, FAVOR+'s input scale, the q/k normalisation,
+        # attention normalisation, the delta rules' normalised retrieval (Eqs. 26-28), the write, the decay, eps
+        feature_map = (MAPS[type(attention.feature_map)], getattr(attention.feature_map, "nu", 1),
+                       float(getattr(attention.feature_map, "input_scale", 1.0)), QK_NORMS[o.qk_norm])
+        self.options = (*feature_map, o.attention_normalization,
+                        o.attention_normalization and attention.rule.normalised_retrieval,
+                        WRITES[attention.rule.name], DECAYS[attention.rule.decay], o.eps)
+        self.read_options = (*feature_map, o.attention_normalization, o.eps)
+        what = f"decoding step of {attention.rule.name}" if o.causal else "decoding read of the source memory"
+        self.log = f"--fwp-backend {o.backend} fuses each {what} (csrc/fast_weight_step.h)"
+
+    def runs(self, x, keep):
+        """Whether this step runs fused: CPU, float32 or float64, no autocast, no padding, the extension built."""
+        if keep is not None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) \
+                or torch.is_autocast_enabled("cpu"):
+            return False
+        return loaded() is not None
+
+    @torch.no_grad()
+    def __call__(self, q, k, v, beta, log_decay, state):
+        """q ``[B, H, d]``, k ``[B, H, N, d]``, v ``[B, H, N, dv]`` (projected, before the feature map), beta and
+        log_decay as the layer's gates give them for one step (or None); advances `state` (its memory's W, and
+        z under attention normalisation) and returns the step's output ``[B, H, dv]``."""
+        W = state.memory.fast_weight_for(q, v, q.dtype, D=self.attention.feature_map.out_dim)
+        z = None
+        if self.attention_normalization:
+            if state.key_sum is None:
+                state.key_sum = q.new_zeros(*q.shape[:2], W.shape[-1])
+            z = state.key_sum
+        cast = self._cast(W.dtype)
+        self.attention.backend_log.say(self.log)
+        return loaded().fused_step(cast(q), cast(k), cast(v), cast(beta), cast(log_decay), W, z,
+                                   cast(getattr(self.attention.feature_map, "projection", None)), *self.options)
+
+    @torch.no_grad()
+    def read(self, q, state):
+        """q ``[rows, H, d]`` (projected) read from the source memories of `state` (every rows_per_memory
+        consecutive rows share one), divided by z . phi(q) under attention normalisation: ``[rows, H, dv]``."""
+        W, keys, writes = state.memory.held()
+        cast = self._cast((W if W is not None else writes).dtype)
+        self.attention.backend_log.say(self.log)
+        return loaded().fused_read(cast(q), W, keys, writes, state.key_sum,
+                                   cast(getattr(self.attention.feature_map, "projection", None)), *self.read_options)
+
+    @staticmethod
+    def _cast(dtype):
+        return lambda x: None if x is None else x.to(dtype).contiguous()
+
+
+def loaded():
+    """The extension with fused_step, or None (said once) where it does not load."""
+    if _unavailable:
+        return None
+    try:
+        built = extension.load_extension()
+    except BackendUnavailableError as err:
+        _unavailable.append(str(err))
+        logger.info(f"decoding runs each rule's own step: {err}")
+        return None
+    return built

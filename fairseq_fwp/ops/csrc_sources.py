@@ -1,0 +1,16 @@
+"""Where the csrc/ sources are, and a digest of them: what names a build of the extension (ops/cuda.py's JIT
+build, setup.py's prebuilt one), so that a build of other sources is never loaded for these. Plain Python:
+setup.py reads it before anything is installed."""
+import hashlib
+import os
+
+CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
+
+
+def sources_digest():
+    """A digest of every file in csrc/ (torch's JIT build notices changed sources, not changed headers)."""
+    digest = hashlib.sha1()
+    for name in sorted(os.listdir(CSRC_DIR)):
+        with open(os.path.join(CSRC_DIR, name), "rb") as f:
+            digest.update(name.encode() + f.read())
+    return digest.hexdigest()[:10]

@@ -1,0 +1,117 @@
+"""The fused decoding step (modules/fused_step.py, csrc/fast_weight_step.h) against each rule's own step, the
+oracle (--fwp-backend reference keeps it): every built-in feature map with every built-in rule, at batch 1 and
+in beams, with beam reorders, and the encoder-decoder attention's fused read; n-best lists of beam search
+equal with and without it."""
+import os
+
+import pytest
+import torch
+
+from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
+from fairseq_fwp.modules.fused_step import loaded
+from helpers import ROOT, build_lm_model, build_translation_model, random_tokens
+from test_attention import full_and_stepwise_decoder_outputs
+
+pytestmark = pytest.mark.skipif(loaded() is None, reason="the csrc extension does not build here")
+
+MAPS = [("linear", []), ("silu", ["--fwp-qk-norm", "l2"]), ("dpfp", ["--fwp-dpfp-nu", "2"]), ("performer", [])]
+RULES = [("sum", []), ("gated-sum", []), ("delta", []), ("gated-delta", []), ("gla", []), ("kda", []), ("gdn2", []),
+         ("delta", ["--fwp-householder-steps", "2", "--fwp-negative-eigenvalues", "on"]),
+         ("gated-delta", ["--fwp-householder-steps", "2"]), ("kda", ["--fwp-householder-steps", "3"])]
+
+
+def stepwise(model, d, rows, T=10, reorder_at=4):
+    """The LM decoded token by token for `rows` rows, the rows reordered once as beam search would."""
+    tokens = torch.randint(d.nspecial, len(d), (rows, T), generator=torch.Generator().manual_seed(0))
+    order = torch.arange(rows).flip(0)
+    with torch.no_grad():
+        state, steps = {}, []
+        for t in range(T):
+            steps.append(model.decoder(tokens[:, :t + 1], incremental_state=state)[0][:, -1])
+            if t == reorder_at:
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                tokens = tokens[order]
+    return torch.stack(steps, 1)
+
+
+def fused_attentions(model):
+    return [m for m in model.modules() if isinstance(m, FastWeightAttention) and m.fused_step is not None]
+
+
+@pytest.mark.parametrize("feature_map, map_flags, rule, rule_flags, rows", [
+    *[(m, mf, r, rf, 4) for m, mf in MAPS for r, rf in RULES],  # in beams
+    *[(*MAPS[0], r, rf, 1) for r, rf in RULES],  # at batch 1
+])
+def test_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows):
+    flags = ["--fwp-feature-map", feature_map, *map_flags, "--fwp-update-rule", rule, *rule_flags]
+    if "--fwp-negative-eigenvalues" in flags and "l2" not in flags:
+        flags += ["--fwp-qk-norm", "l2"]
+    if feature_map == "silu" or "--fwp-qk-norm" in flags:
+        flags += ["--fwp-attn-norm", "off"]
+    fused, d = build_lm_model(*flags)
+    oracle, _ = build_lm_model(*flags, "--fwp-backend", "reference")
+    assert fused_attentions(fused) and not fused_attentions(oracle)
+    torch.testing.assert_close(stepwise(fused.eval(), d, rows), stepwise(oracle.eval(), d, rows), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flags", [["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"],
+                                   ["--fwp-update-rule", "delta", "--fwp-attn-norm", "on"],
+                                   ["--fwp-update-rule", "gated-delta", "--fwp-short-conv", "4", "--fwp-output-gate", "on"]])
+def test_attention_normalisation_short_convolutions_and_output_gates_decode_as_their_own_step(flags):
+    fused, d = build_lm_model(*flags)
+    oracle, _ = build_lm_model(*flags, "--fwp-backend", "reference")
+    torch.testing.assert_close(stepwise(fused.eval(), d, 3), stepwise(oracle.eval(), d, 3), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("feature_map, flags", MAPS + [("dpfp", ["--fwp-attn-norm", "off"])])
+def test_the_encoder_decoder_attentions_fused_read_is_the_full_forwards(feature_map, flags):
+    """Sources of 5 to 9 tokens (memories held as their factors), and of 40 (as W)."""
+    model, d = build_translation_model("--fwp-feature-map", feature_map, *flags)
+    full, steps = full_and_stepwise_decoder_outputs(model, d)
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+    src = random_tokens(d, [40, 33])
+    prev = random_tokens(d, [6, 6], seed=2)
+    with torch.no_grad():
+        whole = model(src, src.ne(d.pad()).sum(1), prev)[0]
+        encoder_out, state = model.encoder(src, src_lengths=src.ne(d.pad()).sum(1)), {}
+        pieces = [model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+                  for t in range(prev.shape[1])]
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_users_map_and_rule_keep_their_own_steps():
+    """examples/extend's Hedgehog features and Longhorn rule: the fused step is for the built-ins."""
+    from test_extend import parse
+    from fairseq_fwp.models.fwp_transformer import FastWeightTransformerModel
+    from helpers import toy_dictionary
+    import types
+
+    d = toy_dictionary()
+    model = FastWeightTransformerModel.build_model(parse("--dropout", "0"), types.SimpleNamespace(
+        source_dictionary=d, target_dictionary=d))
+    assert not fused_attentions(model)
+
+
+def test_beam_search_gives_the_same_nbest_lists_with_and_without_the_fused_step():
+    """The Multi30k shape (examples/speed/beam_search.py), beam 4: tokens equal, scores within 1e-4."""
+    from examples.recipes.decoding_cost import numbered_dictionary
+    from examples.speed.beam_search import MODELS, build_model, generator, make_batch, nbest, same_nbest
+
+    dictionary = numbered_dictionary(200)
+    sample = make_batch(dictionary)
+    for name in ("linear", "dpfp-256"):
+        model = build_model(MODELS[name][0], dictionary)
+        with torch.no_grad():
+            fused = nbest(generator(model, dictionary, 4, 12).generate([model], sample))
+            for attention in fused_attentions(model):
+                attention.fused_step = None
+            own = nbest(generator(model, dictionary, 4, 12).generate([model], sample))
+        assert same_nbest(fused, own, tolerance=1e-4), name
+
+
+def test_the_log_says_that_decoding_is_fused(caplog):
+    model, d = build_lm_model()
+    with caplog.at_level("INFO", logger="fairseq_fwp.backend"):
+        stepwise(model.eval(), d, 1, T=2)
+    assert "--fwp-backend auto fuses each decoding step of delta (csrc/fast_weight_step.h)" in caplog.text
+    assert os.path.isfile(os.path.join(ROOT, "csrc", "fast_weight_step.h"))
