@@ -35,6 +35,14 @@ struct Problem {
 
 constexpr int64_t kMaxFeatures = 512;
 
+// sum_i a[i] b[i]: the CPU twin's and the fused step's dot product.
+template <typename T>
+FWP_HOST_DEVICE T dot(const T* a, const T* b, int64_t n) {
+  T total = 0;
+  for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
 FWP_HOST_DEVICE inline int64_t num_chunks(const Problem& p) { return (p.T + p.chunk - 1) / p.chunk; }
 FWP_HOST_DEVICE inline int64_t num_tiles(const Problem& p) { return (p.Dv + p.rows - 1) / p.rows; }
 

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "fast_weight.h"
+
 namespace fwp {
 
 enum class FeatureMap : int { kLinear = 0, kSiLU = 1, kDPFP = 2, kPerformer = 3 };
@@ -88,13 +90,6 @@ void normalise(QKNorm how, int64_t D, T* phi) {
   const T eps = T(1e-6);
   const T denominator = how == QKNorm::kSum ? std::max(total, eps) : std::max(std::sqrt(total), eps);
   for (int64_t i = 0; i < D; ++i) phi[i] /= denominator;
-}
-
-template <typename T>
-T dot(const T* a, const T* b, int64_t n) {
-  T total = 0;
-  for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
-  return total;
 }
 
 // One (row, head): advances W [dv, D] (and z [D]) in place and writes out [dv]. scratch: 3 D + 2 d + dv.

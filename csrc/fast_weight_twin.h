@@ -19,13 +19,6 @@
 namespace fwp {
 namespace twin {
 
-template <typename acc_t>
-acc_t dot(const acc_t* w, const acc_t* x, int64_t D) {
-  acc_t s = 0;
-  for (int64_t d = 0; d < D; ++d) s += w[d] * x[d];
-  return s;
-}
-
 // w += u x (Eq. 17 / Eq. 24): the one place W is written, forward and replay.
 template <typename acc_t>
 void write_row(acc_t* w, acc_t u, const acc_t* x, int64_t D) {
