@@ -115,3 +115,12 @@ def test_the_log_says_that_decoding_is_fused(caplog):
         stepwise(model.eval(), d, 1, T=2)
     assert "--fwp-backend auto fuses each decoding step of delta (csrc/fast_weight_step.h)" in caplog.text
     assert os.path.isfile(os.path.join(ROOT, "csrc", "fast_weight_step.h"))
+
+
+def test_a_backend_that_cannot_run_here_stays_refused_while_decoding():
+    """--fwp-backend cuda on CPU tensors: the fused step does not stand in for a refused backend."""
+    from fairseq_fwp.ops import BackendUnavailableError
+
+    model, d = build_lm_model("--fwp-backend", "cuda")
+    with pytest.raises(BackendUnavailableError, match="backend 'cuda' cannot run this call: the csrc kernels run on CUDA"):
+        stepwise(model.eval(), d, 1, T=2)

@@ -232,3 +232,16 @@ def test_a_prebuilt_extension_of_other_sources_is_not_loaded(monkeypatch):
     monkeypatch.setattr(kernels, "_jit_build", lambda: built)
     monkeypatch.setattr(kernels, "sources_digest", lambda: "not these")
     assert kernels.load_extension() is built
+
+
+def test_an_installation_without_sources_loads_its_prebuilt_extension(monkeypatch, tmp_path):
+    """A package installed without csrc/ (a wheel; a copy of fairseq_fwp/ alone) has nothing to compare its
+    prebuilt extension with: that build is the one it has."""
+    from fairseq_fwp.ops import csrc_sources
+
+    prebuilt = pytest.importorskip("fairseq_fwp._C", reason="setup_env.sh builds the extension in place")
+
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(csrc_sources, "CSRC_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(kernels, "_jit_build", lambda: pytest.fail("a prebuilt extension was there"))
+    assert kernels.load_extension() is prebuilt

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from ..ops import BackendUnavailableError
+from ..ops.backends import Call, resolve
 from ..ops import cuda as extension
 from ..ops.rules import UPDATE_RULES
 from .feature_maps import DPFPFeatureMap, LinearFeatureMap, PerformerFeatureMap, SiLUFeatureMap
@@ -46,6 +47,7 @@ class FusedStep:
     def __init__(self, attention):
         o = attention.options
         self.attention = attention
+        self._flag_runs = {}  # dtype -> whether the backend flag runs CPU steps (_flag_runs_cpu_steps)
         self.attention_normalization = o.attention_normalization
         # fused_step's options, in its order: the map, DPFP's nu, FAVOR+'s input scale, the q/k normalisation,
         # attention normalisation, the delta rules' normalised retrieval (Eqs. 26-28), the write, the decay, eps
@@ -59,11 +61,26 @@ class FusedStep:
         self.log = f"--fwp-backend {o.backend} fuses each {what} (csrc/fast_weight_step.h)"
 
     def runs(self, x, keep):
-        """Whether this step runs fused: CPU, float32 or float64, no autocast, no padding, the extension built."""
+        """Whether this step runs fused: CPU, float32 or float64, no autocast, no padding, a backend flag that
+        runs CPU steps, the extension built."""
         if keep is not None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) \
                 or torch.is_autocast_enabled("cpu"):
             return False
-        return loaded() is not None
+        return self._flag_runs_cpu_steps(x.dtype) and loaded() is not None
+
+    def _flag_runs_cpu_steps(self, dtype):
+        """Whether --fwp-backend runs this rule's decoding steps on the CPU: the fused step stands in for
+        what it runs, and a backend refused here (cuda, fla on CPU tensors) stays refused, by the unfused step."""
+        if dtype not in self._flag_runs:
+            a = self.attention
+            call = Call(rule=a.rule, dtype=dtype, device=torch.device("cpu"), D=a.feature_map.out_dim,
+                        Dv=a.head_dim, T=1, needs_grad=False, step=True)
+            try:
+                resolve(a.options.backend, call)
+                self._flag_runs[dtype] = True
+            except BackendUnavailableError:
+                self._flag_runs[dtype] = False
+        return self._flag_runs[dtype]
 
     @torch.no_grad()
     def __call__(self, q, k, v, beta, log_decay, state):

@@ -8,7 +8,10 @@ CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
 
 
 def sources_digest():
-    """A digest of every file in csrc/ (torch's JIT build notices changed sources, not changed headers)."""
+    """A digest of every file in csrc/ (torch's JIT build notices changed sources, not changed headers); None
+    where the package is installed without its sources (its prebuilt extension is then the only build)."""
+    if not os.path.isdir(CSRC_DIR):
+        return None
     digest = hashlib.sha1()
     for name in sorted(os.listdir(CSRC_DIR)):
         with open(os.path.join(CSRC_DIR, name), "rb") as f:

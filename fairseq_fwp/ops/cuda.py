@@ -114,7 +114,8 @@ def load_extension():
     if _extension is None:
         try:
             from .. import _C as extension  # built by setup.py (FAIRSEQ_FWP_BUILD_EXT=1: scripts/setup_env.sh)
-            if getattr(extension, "sources_digest", None) != sources_digest():  # built from other sources
+            digest = sources_digest()
+            if digest is not None and getattr(extension, "sources_digest", None) != digest:  # of other sources
                 raise ImportError("the prebuilt extension is of other sources than csrc/'s")
         except ImportError:
             try:
