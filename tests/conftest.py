@@ -21,6 +21,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
+# The fairseq commands that tests launch through examples/recipes/commands.py run as children of a server
+# that imported fairseq once (examples/recipes/preloaded.py): about 4 s less per command. The docs test runs
+# the console scripts as written, and tests/test_preloaded.py holds the two launches to the same output.
+os.environ.setdefault("FAIRSEQ_FWP_PRELOAD", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     """The GPU tests are the ones named test_gpu_*: marked gpu (scripts/gpu_check.py runs `-m gpu`), and

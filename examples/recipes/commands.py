@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+from . import preloaded
+
 # Where the fairseq-* console scripts are: beside this interpreter, or where FAIRSEQ_BIN says (the GPU
 # check, whose fairseq runs from a source tree, writes its own: scripts/gpu_check.sh).
 BIN_DIR = os.environ.get("FAIRSEQ_BIN") or os.path.dirname(sys.executable)
@@ -41,17 +43,26 @@ def fairseq(command, *args, cwd=None, echo=False, log=None, as_module=False, wat
         watch = progress.see if progress is not None else None
     lines = []
     with open(log or os.devnull, "w") as sink:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in proc.stdout:
+        output_lines, wait = _launch(command, argv, len(launcher), as_module, cwd)
+        for line in output_lines:
             lines.append(line)
             sink.write(line)
             if watch is not None:
                 watch(line)
-        returncode = proc.wait()
+        returncode = wait()
     output = "".join(lines)
     if returncode != 0:
         raise RuntimeError(f"fairseq-{command} failed ({returncode}):\n{output[-4000:]}")
     return output
+
+
+def _launch(command, argv, launcher_length, as_module, cwd):
+    """(the command's output lines, a function that returns its exit status once they are read): a new
+    process, or, with FAIRSEQ_FWP_PRELOAD=1, a child of the preloaded server (preloaded.py)."""
+    if preloaded.enabled() and not as_module and command.replace("-", "_") in preloaded.COMMANDS:
+        return preloaded.launch(command, argv[launcher_length:], cwd)
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc.stdout, proc.wait
 
 
 class TrainingProgress:
