@@ -15,6 +15,12 @@ fi
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 pip=(.venv/bin/python -m pip install --disable-pip-version-check)
 "${pip[@]}" -r requirements.txt
+# The csrc extension's CPU part, in place (fairseq_fwp/_C*.so, about 45 s of one core), built beside
+# fairseq's install: decoding's fused step needs it from the first step on (pip's editable install would
+# build it without this venv's torch).
+ext_log=$(mktemp)
+FAIRSEQ_FWP_BUILD_EXT=1 .venv/bin/python setup.py -q build_ext --inplace > "$ext_log" 2>&1 &
+ext_build=$!
 # fairseq's build needs torch/numpy/cython from the venv (no build isolation);
 # --no-deps keeps it from pulling torchaudio and with it a second torch.
 # Its six C++ extensions build side by side, one per core (164 s -> 113 s on 2 cores). torch's ninja
@@ -25,10 +31,9 @@ printf '[build_ext]\nparallel = %s\n' "$(nproc)" > "$build/setup.cfg"
 mkdir "$build/bin" && printf '#!/bin/sh\nexit 1\n' > "$build/bin/ninja" && chmod +x "$build/bin/ninja"
 PATH="$build/bin:$PATH" DIST_EXTRA_CONFIG="$build/setup.cfg" "${pip[@]}" --no-build-isolation --no-deps "$FAIRSEQ"
 rm -rf "$build"
+wait "$ext_build" || { cat "$ext_log"; echo "setup_env: the csrc extension did not build" >&2; exit 1; }
+rm -f "$ext_log"
 "${pip[@]}" --no-build-isolation --no-deps -e .
-# The csrc extension's CPU part, in place (fairseq_fwp/_C*.so, about a minute): decoding's fused step needs it
-# from the first step on (pip's editable install would build it without this venv's torch).
-FAIRSEQ_FWP_BUILD_EXT=1 .venv/bin/python setup.py -q build_ext --inplace
 # fastBPE (--bpe-tool fastbpe, fairseq's --bpe fastbpe): its Python module applies codes; its
 # command-line program, which learns them, is built from the same registry sources.
 "${pip[@]}" --no-build-isolation --no-deps "fastBPE==$FASTBPE"
