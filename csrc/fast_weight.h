@@ -35,11 +35,18 @@ struct Problem {
 
 constexpr int64_t kMaxFeatures = 512;
 
-// sum_i a[i] b[i]: the CPU twin's and the fused step's dot product.
+// sum_i a[i] b[i]: the CPU twin's and the fused step's dot product. Eight partial sums: one running
+// sum waits on each addition before the next, eight independent ones fill a SIMD register (-O3
+// vectorizes them without reordering any one sum).
 template <typename T>
 FWP_HOST_DEVICE T dot(const T* a, const T* b, int64_t n) {
+  T part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * b[i + j];
   T total = 0;
-  for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
+  for (; i < n; ++i) total += a[i] * b[i];
+  for (int j = 0; j < 8; ++j) total += part[j];
   return total;
 }
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
-from fairseq_fwp.modules.fused_step import loaded
+from fairseq_fwp.modules.fused_step import FusedStep, loaded
+from fairseq_fwp.ops import memory
 from helpers import ROOT, build_lm_model, build_translation_model, random_tokens
 from test_attention import full_and_stepwise_decoder_outputs
 
@@ -42,7 +43,10 @@ def fused_attentions(model):
     *[(m, mf, r, rf, 4) for m, mf in MAPS for r, rf in RULES],  # in beams
     *[(*MAPS[0], r, rf, 1) for r, rf in RULES],  # at batch 1
 ])
-def test_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows):
+def test_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows,
+                                                             fused_calls):
+    """Beams hold W's factors for their first 3 tokens here (the rule's own step writes them), then W (the
+    fused step's); batch 1 holds W from its first token."""
     flags = ["--fwp-feature-map", feature_map, *map_flags, "--fwp-update-rule", rule, *rule_flags]
     if "--fwp-negative-eigenvalues" in flags and "l2" not in flags:
         flags += ["--fwp-qk-norm", "l2"]
@@ -52,6 +56,23 @@ def test_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_fla
     oracle, _ = build_lm_model(*flags, "--fwp-backend", "reference")
     assert fused_attentions(fused) and not fused_attentions(oracle)
     torch.testing.assert_close(stepwise(fused.eval(), d, rows), stepwise(oracle.eval(), d, rows), rtol=1e-5, atol=1e-5)
+    counts = list(fused_calls.values())
+    assert len(counts) == len(fused_attentions(fused))
+    assert all(c == 10 for c in counts) if rows == 1 else all(7 <= c < 10 for c in counts)  # N writes a token
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """{attention's fused step: the steps it ran}; the factors give way to W after 3 written tokens."""
+    monkeypatch.setattr(memory, "factored_length_limit", lambda D, Dv: 3)
+    calls = {}
+    call = FusedStep.__call__
+
+    def counted(self, *args):
+        calls[self] = calls.get(self, 0) + 1
+        return call(self, *args)
+    monkeypatch.setattr(FusedStep, "__call__", counted)
+    return calls
 
 
 @pytest.mark.parametrize("flags", [["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"],

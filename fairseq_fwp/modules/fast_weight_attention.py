@@ -149,6 +149,21 @@ class FastWeightAttention(nn.Module):
             return x.view(T, B, self.num_heads, C // self.num_heads).permute(1, 2, 0, 3)
         return x.view(T, B, writes, self.num_heads, self.head_dim).permute(1, 3, 0, 2, 4)
 
+    def _step_heads(self, y):
+        """_heads of one step without its T: [1, B, H * d] -> [B, H, d] (DeltaProduct's keys and values
+        [1, B, N * H * d] -> [B, H, N, d]), in one view: each op costs microseconds at batch 1."""
+        B, C = y.shape[1:]
+        writes = C // self.embed_dim
+        if writes == 1 or not self.causal:
+            return y.view(B, self.num_heads, C // self.num_heads)
+        return y.view(B, writes, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _finish_step(self, out, x):
+        """_finish of one step's [B, H, d] (in x's dtype: the fused step's)."""
+        if self.output_gate is not None or self.options.output_scaling:
+            return self._finish(out.unsqueeze(2), x)
+        return self.out_proj(out.reshape(1, out.shape[0], -1))
+
     def _phi(self, x):
         return normalize_features(self.feature_map(self._heads(x)), self.options.qk_norm)
 
@@ -175,7 +190,7 @@ class FastWeightAttention(nn.Module):
         state = self._starting_state(x, incremental_state)
         keep = None if key_padding_mask is None else ~key_padding_mask  # [B, T]: positions that write
         one_step = incremental_state is not None and x.shape[0] == 1 and not torch.is_grad_enabled()
-        if one_step and self.fused_step is not None and self.fused_step.runs(x, keep):
+        if one_step and self.fused_step is not None and self.fused_step.runs(x, keep, state.memory):
             return self._fused_causal_step(x, state, incremental_state)
         q, k, v = self._causal_features(x, keep, state)
         beta, log_decay = self._gates(x, keep)
@@ -215,14 +230,14 @@ class FastWeightAttention(nn.Module):
     def _fused_causal_step(self, x, state, incremental_state):
         """One decoding step through the fused step (fused_step.py): the projections and gates here, then
         one call for the features, the memory's update and its read."""
-        q, k, v = (self._heads(y)[:, :, 0] for y in self._projections(x, None, state))  # [B, H, (N,) d]
+        q, k, v = (self._step_heads(y) for y in self._projections(x, None, state))  # [B, H, (N,) d]
         if not self.rule.substeps:
             k, v = k.unsqueeze(2), v.unsqueeze(2)
         beta, log_decay = self._gates(x, None)
         out = self.fused_step(q, k, v, _step(beta), _step(log_decay), state)
         state.feature_draw = self.feature_map.draw
         self._set_input_buffer(incremental_state, state)
-        return self._finish(out.unsqueeze(2).to(x.dtype), x)
+        return self._finish_step(out, x)
 
     def _causal_features(self, x, keep, state):
         """phi(q), phi(k) and v ``[B, H, T, .]``, through the short convolutions where there are any
@@ -331,8 +346,8 @@ class FastWeightAttention(nn.Module):
         state = self._get_input_buffer(incremental_state) if cached else FastWeightState()
         if cached and not state.memory.is_empty and query.shape[0] == 1 and self.fused_step is not None \
                 and self.fused_step.runs(query, None):  # a decoding step's read, in one call (fused_step.py)
-            out = self.fused_step.read(self._heads(self.q_proj(query))[:, :, 0], state)
-            return self._finish(out.unsqueeze(2).to(query.dtype), query)
+            out = self.fused_step.read(self._step_heads(self.q_proj(query)), state)
+            return self._finish_step(out, query)
         q = self._phi(self.q_proj(query))
         if state.memory.is_empty:
             # Beam search repeats each source once per beam: one memory per source serves its rows.

@@ -60,11 +60,15 @@ class FusedStep:
         what = f"decoding step of {attention.rule.name}" if o.causal else "decoding read of the source memory"
         self.log = f"--fwp-backend {o.backend} fuses each {what} (csrc/fast_weight_step.h)"
 
-    def runs(self, x, keep):
+    def runs(self, x, keep, memory=None):
         """Whether this step runs fused: CPU, float32 or float64, no autocast, no padding, a backend flag that
-        runs CPU steps, the extension built."""
+        runs CPU steps, the extension built; for a causal step (its `memory`), W held, or batch 1. Beams
+        start from W's factors (ops/memory.py), fewer numbers to copy at each reorder while they are
+        smaller than W: the rule's own step writes them, and the fused step takes over once W is held."""
         if keep is not None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) \
                 or torch.is_autocast_enabled("cpu"):
+            return False
+        if memory is not None and memory.fast_weight is None and not (memory.is_empty and x.shape[1] == 1):
             return False
         return self._flag_runs_cpu_steps(x.dtype) and loaded() is not None
 
@@ -110,7 +114,7 @@ class FusedStep:
 
     @staticmethod
     def _cast(dtype):
-        return lambda x: None if x is None else x.to(dtype).contiguous()
+        return lambda x: x if x is None or (x.dtype == dtype and x.is_contiguous()) else x.to(dtype).contiguous()
 
 
 def loaded():
