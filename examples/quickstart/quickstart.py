@@ -30,6 +30,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 os.environ["OMP_NUM_THREADS"] = "1"  # every job is one process of one thread
+os.environ.setdefault("FAIRSEQ_FWP_PRELOAD", "1")  # fairseq imported once for its 14 commands (recipes/preloaded.py)
 
 from examples.recipes import rows  # noqa: E402
 from examples.recipes.parallel import Job, JobFailed, clock, run_jobs  # noqa: E402
