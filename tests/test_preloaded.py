@@ -2,11 +2,14 @@
 script runs: the same output, exit status, working folder and environment."""
 import os
 import re
+import subprocess
 
 import pytest
 
 from examples.recipes import commands, preloaded
 from examples.recipes.pipeline import generate, train_translation
+
+pytestmark = pytest.mark.slow  # fairseq's command-line tools, end to end
 
 
 @pytest.fixture
@@ -70,3 +73,15 @@ def test_training_logs_the_same_lines_either_way(corpora, tmp_path, monkeypatch)
             "--save-dir", tmp_path / mode))
     lines = [re.findall(r"\| (\w+) \| ([\w.]+) \| ([^\d/]*)", log) for log in logs]
     assert len(lines[0]) > 10 and lines[0] == lines[1]
+
+
+def test_a_stand_in_on_path_runs_its_command_on_the_server(tmp_path, monkeypatch):
+    """What bash runs as fairseq-preprocess is the command, its output and exit status included."""
+    monkeypatch.delenv("FAIRSEQ_FWP_PRELOAD_SOCKET", raising=False)
+    env = dict(os.environ, **preloaded.stand_ins(str(tmp_path / "bin")))
+    env["PATH"] = os.pathsep.join([str(tmp_path / "bin"), env["PATH"]])
+    ok = subprocess.run(["bash", "-c", "fairseq-preprocess --help | head -1"], env=env, capture_output=True, text=True)
+    assert ok.stdout.startswith("usage: fairseq-preprocess") and ok.returncode == 0
+    failed = subprocess.run(["bash", "-c", "fairseq-train --user-dir nowhere"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert failed.returncode != 0 and "nowhere" in failed.stdout

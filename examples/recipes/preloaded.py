@@ -8,7 +8,8 @@ once (one per calling process, started at its first command) and forks a fresh c
 child is the command as its console script runs it: the module's cli_main(), with the caller's argv, working
 folder and environment, its output streamed back line by line; the --user-dir is imported in the child, as
 fairseq-train does. Commands that must start as `python -m fairseq_cli.<command>` still launch a new
-interpreter.
+interpreter. For commands that other programs run (the docs test's bash), stand_ins writes fairseq-*
+scripts to put first on PATH, which send their command to one server (FAIRSEQ_FWP_PRELOAD_SOCKET).
 
     python -m examples.recipes.preloaded SOCKET   # the server; commands.fairseq starts it
 """
@@ -63,8 +64,36 @@ def launch(command, args, cwd=None):
     return output, wait
 
 
+def forward(command, args):
+    """A stand-in for fairseq-<command>'s console script (stand_ins): runs it on the server whose socket
+    FAIRSEQ_FWP_PRELOAD_SOCKET names, its output on this process's stdout; returns its exit status."""
+    lines, wait = launch(command, args)
+    for line in lines:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    return wait()
+
+
+def stand_ins(folder, commands=("preprocess", "train", "generate", "eval-lm")):
+    """Writes fairseq-<command> scripts into `folder` that run their command on this process's server
+    (forward): a folder to put first on PATH, for commands run by other programs (bash). Returns the
+    environment variables that go with it. fairseq-interactive keeps its console script: it reads stdin."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.makedirs(folder, exist_ok=True)
+    for command in commands:
+        script = os.path.join(folder, f"fairseq-{command}")
+        with open(script, "w") as f:
+            f.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {root!r})\n"
+                    f"from examples.recipes.preloaded import forward\nsys.exit(forward({command!r}, sys.argv[1:]))\n")
+        os.chmod(script, 0o755)
+    return {"FAIRSEQ_FWP_PRELOAD_SOCKET": _server_path()}
+
+
 def _server_path():
-    """The socket of this process's server, started (and waited for) at the first command."""
+    """The socket of the server that FAIRSEQ_FWP_PRELOAD_SOCKET names, or of this process's own, started
+    (and waited for) at its first command."""
+    if os.environ.get("FAIRSEQ_FWP_PRELOAD_SOCKET"):
+        return os.environ["FAIRSEQ_FWP_PRELOAD_SOCKET"]
     with _server_lock:
         if _server.get("pid") != os.getpid() or _server["process"].poll() is not None:
             folder = tempfile.mkdtemp(prefix="fairseq-fwp-preload-")
