@@ -43,7 +43,7 @@ def fairseq(command, *args, cwd=None, echo=False, log=None, as_module=False, wat
         watch = progress.see if progress is not None else None
     lines = []
     with open(log or os.devnull, "w") as sink:
-        output_lines, wait = _launch(command, argv, len(launcher), as_module, cwd)
+        output_lines, wait = _launch(command, launcher, argv[len(launcher):], as_module, cwd)
         for line in output_lines:
             lines.append(line)
             sink.write(line)
@@ -56,12 +56,12 @@ def fairseq(command, *args, cwd=None, echo=False, log=None, as_module=False, wat
     return output
 
 
-def _launch(command, argv, launcher_length, as_module, cwd):
+def _launch(command, launcher, args, as_module, cwd):
     """(the command's output lines, a function that returns its exit status once they are read): a new
     process, or, with FAIRSEQ_FWP_PRELOAD=1, a child of the preloaded server (preloaded.py)."""
     if preloaded.enabled() and not as_module and command.replace("-", "_") in preloaded.COMMANDS:
-        return preloaded.launch(command, argv[launcher_length:], cwd)
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return preloaded.launch(command, args, cwd)
+    proc = subprocess.Popen([*launcher, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc.stdout, proc.wait
 
 

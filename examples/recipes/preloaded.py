@@ -23,11 +23,13 @@ import tempfile
 import threading
 import time
 
-COMMANDS = ("preprocess", "train", "generate", "interactive", "eval_lm", "score")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# fairseq-interactive is not among them: it reads its caller's stdin, which a forked child does not have.
+COMMANDS = ("preprocess", "train", "generate", "eval_lm", "score")
 # The modules that configure logging first thing when imported (logging.basicConfig before their imports):
 # the child runs them again on an unconfigured root logger, as a new process would. The others find the root
 # logger as importing fairseq leaves it, in the server as in a new process.
-CONFIGURE_LOGGING = ("preprocess", "train", "interactive", "eval_lm")
+CONFIGURE_LOGGING = ("preprocess", "train", "eval_lm")
 EXIT = b"\0fairseq-fwp exit "  # the line after a command's output that gives its exit status
 _server = {}  # the calling process's server: {"path": socket path, "process": Popen}
 _server_lock = threading.Lock()
@@ -56,6 +58,7 @@ def launch(command, args, cwd=None):
                     status[0] = int(line[len(EXIT):])
                     return
                 yield line.decode(errors="replace")
+
     def wait():
         for _ in output:  # what the caller did not read
             pass
@@ -78,12 +81,11 @@ def stand_ins(folder, commands=("preprocess", "train", "generate", "eval-lm")):
     """Writes fairseq-<command> scripts into `folder` that run their command on this process's server
     (forward): a folder to put first on PATH, for commands run by other programs (bash). Returns the
     environment variables that go with it. fairseq-interactive keeps its console script: it reads stdin."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.makedirs(folder, exist_ok=True)
     for command in commands:
         script = os.path.join(folder, f"fairseq-{command}")
         with open(script, "w") as f:
-            f.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {root!r})\n"
+            f.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {ROOT!r})\n"
                     f"from examples.recipes.preloaded import forward\nsys.exit(forward({command!r}, sys.argv[1:]))\n")
         os.chmod(script, 0o755)
     return {"FAIRSEQ_FWP_PRELOAD_SOCKET": _server_path()}
@@ -98,8 +100,7 @@ def _server_path():
         if _server.get("pid") != os.getpid() or _server["process"].poll() is not None:
             folder = tempfile.mkdtemp(prefix="fairseq-fwp-preload-")
             path = os.path.join(folder, "socket")
-            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-            process = subprocess.Popen([sys.executable, "-m", "examples.recipes.preloaded", path], cwd=root,
+            process = subprocess.Popen([sys.executable, "-m", "examples.recipes.preloaded", path], cwd=ROOT,
                                        stdin=subprocess.DEVNULL)
             while not os.path.exists(path):
                 if process.poll() is not None:
@@ -134,6 +135,7 @@ def serve(path):
             _child(connection, modules)
         connection.close()
     os.unlink(path)
+    os.rmdir(os.path.dirname(path))
 
 
 def _child(connection, modules):
