@@ -165,75 +165,117 @@ std::vector<int64_t> shared_memory_bytes(int64_t D, int64_t chunk, int64_t rows,
   return {fwp::forward_shared_bytes(p, acc_size), fwp::backward_shared_bytes(p, acc_size)};
 }
 
+fwp::StepOptions step_options(const c10::optional<at::Tensor>& projection, int64_t map, int64_t nu, double input_scale,
+                              int64_t qk_norm, bool attention_normalization, bool normalised_retrieval, int64_t write,
+                              int64_t writes, int64_t decay, double eps) {
+  return {static_cast<fwp::FeatureMap>(map), nu, data_or_null(projection), input_scale, static_cast<fwp::QKNorm>(qk_norm),
+          attention_normalization, normalised_retrieval, static_cast<fwp::Write>(write), writes,
+          static_cast<fwp::Decay>(decay), eps};
+}
+
+// The memories of a fused call: W [n, H, dv, D], or its factors keys [n, H, c, D] and writes [n, H, c, dv] (c slots).
+struct HeldMemories {
+  const c10::optional<at::Tensor>& W;
+  const c10::optional<at::Tensor>& keys;
+  const c10::optional<at::Tensor>& writes;
+
+  const at::Tensor& held() const { return W ? *W : *writes; }
+  int64_t D() const { return W ? W->size(3) : keys->size(3); }
+  int64_t dv() const { return W ? W->size(2) : writes->size(3); }
+  int64_t slots() const { return W ? 0 : keys->size(2); }
+  void check(const char* what, const at::Tensor& q) const {
+    TORCH_CHECK(W.has_value() != (keys.has_value() && writes.has_value()), what, ": W, or keys and writes");
+    for (auto [x, name] : {std::pair{&W, "W"}, {&keys, "keys"}, {&writes, "writes"}})
+      if (x->has_value()) check_tensor(**x, name, q, held().scalar_type());
+  }
+  // Calls f(memory) with the memory of (row, head) i: fwp::DenseMemory, or fwp::FactoredMemory of t tokens.
+  template <typename scalar_t, typename F>
+  void with(int64_t i, int64_t t, scalar_t* scores, F f) const {
+    const int64_t D_ = D(), dv_ = dv(), c = slots();
+    if (W) {
+      fwp::DenseMemory<scalar_t> memory{W->data_ptr<scalar_t>() + i * dv_ * D_, D_, dv_};
+      f(memory);
+    } else {
+      fwp::FactoredMemory<scalar_t> memory{keys->data_ptr<scalar_t>() + i * c * D_,
+                                           writes->data_ptr<scalar_t>() + i * c * dv_, t, D_, dv_, scores};
+      f(memory);
+    }
+  }
+};
+
 // One decoding step of every (row, head), fused (fast_weight_step.h): q [R, H, d], k [R, H, N, d], v [R, H, N,
-// dv], beta [R, H, N] or [R, H, D + dv], log_decay [R, H] or [R, H, D], W [R, H, dv, D] and z [R, H, D] (advanced
-// in place), all contiguous, in W's dtype, on the CPU. Returns out [R, H, dv].
+// dv], beta [R, H, N] or [R, H, D + dv], log_decay [R, H] or [R, H, D], z [R, H, D], and the memories (HeldMemories,
+// n = R; factors of c = t + N slots, the last N filled by this step), advanced in place, all contiguous, in the
+// memory's dtype, on the CPU. Returns out [R, H, dv].
 at::Tensor fused_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const c10::optional<at::Tensor>& beta, const c10::optional<at::Tensor>& log_decay,
-                      at::Tensor& W, const c10::optional<at::Tensor>& z, const c10::optional<at::Tensor>& projection,
-                      int64_t map, int64_t nu, double input_scale, int64_t qk_norm, bool attention_normalization,
-                      bool normalised_retrieval, int64_t write, int64_t decay, double eps) {
-  TORCH_CHECK(!W.is_cuda(), "the fused decoding step runs on the CPU");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4 && W.dim() == 4, "fused_step: q [R, H, d], k [R, H, N, d], "
-              "v [R, H, N, dv], W [R, H, dv, D]");
-  const int64_t RH = q.size(0) * q.size(1);
-  const fwp::StepSizes sizes{q.size(2), W.size(3), W.size(2)};
-  const auto dtype = W.scalar_type();
-  for (auto [x, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&W, "W"}}) check_tensor(*x, name, q, dtype);
+                      const c10::optional<at::Tensor>& W, const c10::optional<at::Tensor>& keys,
+                      const c10::optional<at::Tensor>& writes, const c10::optional<at::Tensor>& z,
+                      const c10::optional<at::Tensor>& projection, int64_t map, int64_t nu, double input_scale,
+                      int64_t qk_norm, bool attention_normalization, bool normalised_retrieval, int64_t write,
+                      int64_t decay, double eps) {
+  TORCH_CHECK(!q.is_cuda(), "the fused decoding step runs on the CPU");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "fused_step: q [R, H, d], k [R, H, N, d], v [R, H, N, dv]");
+  const HeldMemories memories{W, keys, writes};
+  memories.check("fused_step", q);
+  const int64_t RH = q.size(0) * q.size(1), N = k.size(2);
+  const fwp::StepSizes sizes{q.size(2), memories.D(), memories.dv()};
+  const int64_t t = W ? 0 : memories.slots() - N;
+  TORCH_CHECK(t >= 0, "fused_step: the factors have no slots for the step's ", N, " writes");
+  const auto dtype = memories.held().scalar_type();
+  for (auto [x, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_tensor(*x, name, q, dtype);
   for (auto [x, name] : {std::pair{&beta, "beta"}, {&log_decay, "log_decay"}, {&z, "z"}, {&projection, "projection"}})
     if (x->has_value()) check_tensor(**x, name, q, dtype);
   TORCH_CHECK(!attention_normalization || z.has_value(), "fused_step: attention normalisation needs z");
-  fwp::StepOptions options{static_cast<fwp::FeatureMap>(map), nu, data_or_null(projection), input_scale,
-                           static_cast<fwp::QKNorm>(qk_norm), attention_normalization, normalised_retrieval,
-                           static_cast<fwp::Write>(write), k.size(2), static_cast<fwp::Decay>(decay), eps};
+  const auto options = step_options(projection, map, nu, input_scale, qk_norm, attention_normalization,
+                                    normalised_retrieval, write, N, decay, eps);
   const int64_t beta_size = beta ? beta->numel() / RH : 0, decay_size = log_decay ? log_decay->numel() / RH : 0;
-  at::Tensor out = at::empty({q.size(0), q.size(1), sizes.dv}, W.options());
+  at::Tensor out = at::empty({q.size(0), q.size(1), sizes.dv}, memories.held().options());
   AT_DISPATCH_FLOATING_TYPES(dtype, "fused_step", [&] {
     const scalar_t *q_ = q.data_ptr<scalar_t>(), *k_ = k.data_ptr<scalar_t>(), *v_ = v.data_ptr<scalar_t>();
     const scalar_t* beta_ = beta ? beta->data_ptr<scalar_t>() : nullptr;
     const scalar_t* decay_ = log_decay ? log_decay->data_ptr<scalar_t>() : nullptr;
-    scalar_t *W_ = W.data_ptr<scalar_t>(), *z_ = z ? z->data_ptr<scalar_t>() : nullptr;
+    scalar_t* z_ = z ? z->data_ptr<scalar_t>() : nullptr;
     scalar_t* out_ = out.data_ptr<scalar_t>();
-    const int64_t N = options.writes, d = sizes.d, D = sizes.D, dv = sizes.dv;
+    const int64_t d = sizes.d, D = sizes.D, dv = sizes.dv;
     at::parallel_for(0, RH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> scratch(3 * D + 2 * d + dv);
+      std::vector<scalar_t> scratch(3 * D + 2 * d + 2 * dv + t + N);
+      scalar_t* scores = scratch.data() + 3 * D + 2 * d + 2 * dv;
       for (int64_t i = begin; i < end; ++i)
-        fwp::fused_step(options, sizes, q_ + i * d, k_ + i * N * d, v_ + i * N * dv,
-                        beta_ ? beta_ + i * beta_size : nullptr, decay_ ? decay_ + i * decay_size : nullptr,
-                        W_ + i * dv * D, z_ ? z_ + i * D : nullptr, out_ + i * dv, scratch.data());
+        memories.with<scalar_t>(i, t, scores, [&](auto& memory) {
+          fwp::fused_step(options, sizes, q_ + i * d, k_ + i * N * d, v_ + i * N * dv,
+                          beta_ ? beta_ + i * beta_size : nullptr, decay_ ? decay_ + i * decay_size : nullptr, memory,
+                          z_ ? z_ + i * D : nullptr, out_ + i * dv, scratch.data());
+        });
     });
   });
   return out;
 }
 
-// A read of every row's source memory (fast_weight_step.h's fused_read): q [R, H, d]; the memories of n sources,
-// each read by R / n consecutive rows: W [n, H, dv, D], or its factors keys [n, H, t, D] and writes [n, H, t, dv];
-// z [n, H, D] under attention normalisation. Returns out [R, H, dv].
+// A read of every row's source memory (fast_weight_step.h's fused_read): q [R, H, d]; the memories of n sources
+// (HeldMemories; factors of t tokens), each read by R / n consecutive rows; z [n, H, D] under attention
+// normalisation. Returns out [R, H, dv].
 at::Tensor fused_read(const at::Tensor& q, const c10::optional<at::Tensor>& W, const c10::optional<at::Tensor>& keys,
                       const c10::optional<at::Tensor>& writes, const c10::optional<at::Tensor>& z,
                       const c10::optional<at::Tensor>& projection, int64_t map, int64_t nu, double input_scale,
                       int64_t qk_norm, bool attention_normalization, double eps) {
   TORCH_CHECK(!q.is_cuda(), "the fused read runs on the CPU");
-  TORCH_CHECK(W.has_value() != (keys.has_value() && writes.has_value()), "fused_read: W, or keys and writes");
-  const at::Tensor& held = W ? *W : *writes;
-  const auto dtype = held.scalar_type();
+  const HeldMemories memories{W, keys, writes};
+  memories.check("fused_read", q);
+  const auto dtype = memories.held().scalar_type();
   check_tensor(q, "q", q, dtype);
-  for (auto [x, name] : {std::pair{&W, "W"}, {&keys, "keys"}, {&writes, "writes"}, {&z, "z"}, {&projection, "projection"}})
+  for (auto [x, name] : {std::pair{&z, "z"}, {&projection, "projection"}})
     if (x->has_value()) check_tensor(**x, name, q, dtype);
-  const int64_t R = q.size(0), H = q.size(1), n = held.size(0);
+  const int64_t R = q.size(0), H = q.size(1), n = memories.held().size(0);
   TORCH_CHECK(R % n == 0, "fused_read: ", R, " rows cannot share ", n, " source memories");
-  const fwp::StepSizes sizes{q.size(2), W ? W->size(3) : keys->size(3), W ? W->size(2) : writes->size(3)};
-  const int64_t t = W ? 0 : keys->size(2), g = R / n;
+  const fwp::StepSizes sizes{q.size(2), memories.D(), memories.dv()};
+  const int64_t t = memories.slots(), g = R / n;
   TORCH_CHECK(!attention_normalization || z.has_value(), "fused_read: attention normalisation needs z");
-  fwp::StepOptions options{static_cast<fwp::FeatureMap>(map), nu, data_or_null(projection), input_scale,
-                           static_cast<fwp::QKNorm>(qk_norm), attention_normalization, false, fwp::Write::kSum, 1,
-                           fwp::Decay::kNone, eps};
-  at::Tensor out = at::empty({R, H, sizes.dv}, held.options());
+  const auto options = step_options(projection, map, nu, input_scale, qk_norm, attention_normalization, false,
+                                    0, 1, 0, eps);
+  at::Tensor out = at::empty({R, H, sizes.dv}, memories.held().options());
   AT_DISPATCH_FLOATING_TYPES(dtype, "fused_read", [&] {
     const scalar_t* q_ = q.data_ptr<scalar_t>();
-    const scalar_t* W_ = W ? W->data_ptr<scalar_t>() : nullptr;
-    const scalar_t* keys_ = keys ? keys->data_ptr<scalar_t>() : nullptr;
-    const scalar_t* writes_ = writes ? writes->data_ptr<scalar_t>() : nullptr;
     const scalar_t* z_ = z ? z->data_ptr<scalar_t>() : nullptr;
     scalar_t* out_ = out.data_ptr<scalar_t>();
     const int64_t d = sizes.d, D = sizes.D, dv = sizes.dv;
@@ -241,9 +283,10 @@ at::Tensor fused_read(const at::Tensor& q, const c10::optional<at::Tensor>& W, c
       std::vector<scalar_t> scratch(D + 2 * d + t);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t source = (i / H) / g * H + i % H;  // (its memory's row, head)
-        fwp::fused_read(options, sizes, t, q_ + i * d, W_ ? W_ + source * dv * D : nullptr,
-                        keys_ ? keys_ + source * t * D : nullptr, writes_ ? writes_ + source * t * dv : nullptr,
-                        z_ ? z_ + source * D : nullptr, out_ + i * dv, scratch.data());
+        memories.with<scalar_t>(source, t, scratch.data() + D + 2 * d, [&](const auto& memory) {
+          fwp::fused_read(options, sizes, q_ + i * d, memory, z_ ? z_ + source * D : nullptr, out_ + i * dv,
+                          scratch.data());
+        });
       }
     });
   });

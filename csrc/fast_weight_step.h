@@ -56,8 +56,11 @@ void feature_map(const StepOptions& o, const StepSizes& s, const T* x, T* out, T
         r[j] = std::max(x[j], T(0));
         r[d + j] = std::max(-x[j], T(0));
       }
-      for (int64_t i = 1; i <= o.nu; ++i)
-        for (int64_t j = 0; j < n; ++j) out[(i - 1) * n + j] = r[j] * r[((j - i) % n + n) % n];
+      for (int64_t i = 1; i <= o.nu; ++i) {  // roll(r, i)[j] = r[j - i], wrapping around (no division per element)
+        T* block = out + (i - 1) * n;
+        for (int64_t j = 0; j < i; ++j) block[j] = r[j] * r[j - i + n];
+        for (int64_t j = i; j < n; ++j) block[j] = r[j] * r[j - i];
+      }
       return;
     }
     case FeatureMap::kPerformer: {  // (2m)^-1/2 ([exp(P^T x - |x|^2/2); exp(-P^T x - |x|^2/2)] + 1e-4)
@@ -92,25 +95,76 @@ void normalise(QKNorm how, int64_t D, T* phi) {
   for (int64_t i = 0; i < D; ++i) phi[i] /= denominator;
 }
 
-// One (row, head): advances W [dv, D] (and z [D]) in place and writes out [dv]. scratch: 3 D + 2 d + dv.
+// The fast weight of one (row, head), as W [dv, D] itself (W[e, :] . phi is value channel e).
 template <typename T>
+struct DenseMemory {
+  T* W;
+  int64_t D, dv;
+
+  void decay(T a) {
+    for (int64_t i = 0; i < dv * D; ++i) W[i] *= a;
+  }
+  void decay_columns(const T* a) {  // W Diag(a)
+    for (int64_t e = 0; e < dv; ++e)
+      for (int64_t j = 0; j < D; ++j) W[e * D + j] *= a[j];
+  }
+  void apply(const T* x, T* out) const {  // out = W x
+    for (int64_t e = 0; e < dv; ++e) out[e] = dot(W + e * D, x, D);
+  }
+  void write(const T* u, const T* key) {  // W <- W + u key^T
+    for (int64_t e = 0; e < dv; ++e)
+      for (int64_t j = 0; j < D; ++j) W[e * D + j] += u[e] * key[j];
+  }
+};
+
+// The same fast weight as its factors, W = writes^T keys, keys [capacity, D] and writes [capacity, dv], of which
+// the first t hold tokens (the dual form; ops/memory.py): a write fills slot t. scores: scratch of capacity.
+template <typename T>
+struct FactoredMemory {
+  T* keys;
+  T* writes;
+  int64_t t, D, dv;
+  T* scores;
+
+  void decay(T a) {  // a W = (a writes)^T keys
+    for (int64_t i = 0; i < t * dv; ++i) writes[i] *= a;
+  }
+  void decay_columns(const T* a) {  // W Diag(a) = writes^T (keys Diag(a))
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < D; ++j) keys[i * D + j] *= a[j];
+  }
+  void apply(const T* x, T* out) const {  // out = writes^T (keys x)
+    for (int64_t i = 0; i < t; ++i) scores[i] = dot(keys + i * D, x, D);
+    for (int64_t e = 0; e < dv; ++e) out[e] = 0;
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t e = 0; e < dv; ++e) out[e] += scores[i] * writes[i * dv + e];
+  }
+  void write(const T* u, const T* key) {
+    std::copy(key, key + D, keys + t * D);
+    std::copy(u, u + dv, writes + t * dv);
+    ++t;
+  }
+};
+
+// One (row, head): advances the memory (W, or its factors) and z [D] in place and writes out [dv].
+// scratch: 3 D + 2 d + 2 dv.
+template <typename T, typename Memory>
 void fused_step(const StepOptions& o, const StepSizes& s, const T* q, const T* k, const T* v, const T* beta,
-                const T* log_decay, T* W, T* z, T* out, T* scratch) {
+                const T* log_decay, Memory& memory, T* z, T* out, T* scratch) {
   const int64_t D = s.D, dv = s.dv, d = s.d;
   T* phi_q = scratch;
   T* phi_k = phi_q + D;
   T* key = phi_k + D;  // the key a write retrieves with: phi(k) (scaled, under Eqs. 26-28) or b * phi(k)
   T* r = key + D;
   T* u = r + 2 * d;
+  T* retrieved = u + dv;
   feature_map(o, s, q, phi_q, r);
   normalise(o.qk_norm, D, phi_q);
   if (o.decay == Decay::kHead) {
-    const T a = std::exp(log_decay[0]);
-    for (int64_t i = 0; i < dv * D; ++i) W[i] *= a;
+    memory.decay(std::exp(log_decay[0]));
   } else if (o.decay == Decay::kChannel) {  // W Diag(a): a per column
     for (int64_t j = 0; j < D; ++j) key[j] = std::exp(log_decay[j]);
-    for (int64_t e = 0; e < dv; ++e)
-      for (int64_t j = 0; j < D; ++j) W[e * D + j] *= key[j];
+    memory.decay_columns(key);
   }
   for (int64_t n = 0; n < o.writes; ++n) {
     feature_map(o, s, k + n * d, phi_k, r);
@@ -129,42 +183,32 @@ void fused_step(const StepOptions& o, const StepSizes& s, const T* q, const T* k
     }
     if (o.write == Write::kEraseWrite)
       for (int64_t j = 0; j < D; ++j) key[j] *= beta[j];
+    if (o.write != Write::kSum) memory.apply(key, retrieved);
     for (int64_t e = 0; e < dv; ++e) {
       const T written = o.write == Write::kEraseWrite ? beta[D + e] * v[n * dv + e] : v[n * dv + e];
       u[e] = o.write == Write::kSum ? written
-             : o.write == Write::kDelta ? strength * (written - dot(W + e * D, key, D))
-                                        : written - dot(W + e * D, key, D);
+             : o.write == Write::kDelta ? strength * (written - retrieved[e])
+                                        : written - retrieved[e];
     }
-    const T* written_key = o.write == Write::kEraseWrite || !o.normalised_retrieval ? phi_k : key;
-    for (int64_t e = 0; e < dv; ++e)
-      for (int64_t j = 0; j < D; ++j) W[e * D + j] += u[e] * written_key[j];
+    memory.write(u, o.write == Write::kEraseWrite || !o.normalised_retrieval ? phi_k : key);
   }
   const T normaliser = o.attention_normalization ? dot(z, phi_q, D) + T(o.eps) : T(1);
-  for (int64_t e = 0; e < dv; ++e) out[e] = dot(W + e * D, phi_q, D) / normaliser;
+  memory.apply(phi_q, out);
+  for (int64_t e = 0; e < dv; ++e) out[e] /= normaliser;
 }
 
 // One (row, head) of a read of a source memory (encoder-decoder attention, Eq. 15's W read by a query): out [dv]
-// = W phi(q), W [dv, D] or its factors keys [t, D] and writes [t, dv] (W = writes^T keys), divided by
-// z . phi(q) + eps under attention normalisation (Eq. 19). scratch: D + 2 d + t.
-template <typename T>
-void fused_read(const StepOptions& o, const StepSizes& s, int64_t t, const T* q, const T* W, const T* keys,
-                const T* writes, const T* z, T* out, T* scratch) {
-  const int64_t D = s.D, dv = s.dv;
+// = W phi(q), the memory W or its factors, divided by z . phi(q) + eps under attention normalisation (Eq. 19).
+// scratch: D + 2 d.
+template <typename T, typename Memory>
+void fused_read(const StepOptions& o, const StepSizes& s, const T* q, const Memory& memory, const T* z, T* out,
+                T* scratch) {
   T* phi_q = scratch;
-  T* r = phi_q + D;
-  T* scores = r + 2 * s.d;
-  feature_map(o, s, q, phi_q, r);
-  normalise(o.qk_norm, D, phi_q);
-  const T normaliser = o.attention_normalization ? dot(z, phi_q, D) + T(o.eps) : T(1);
-  if (W != nullptr) {
-    for (int64_t e = 0; e < dv; ++e) out[e] = dot(W + e * D, phi_q, D) / normaliser;
-    return;
-  }
-  for (int64_t j = 0; j < t; ++j) scores[j] = dot(keys + j * D, phi_q, D);
-  for (int64_t e = 0; e < dv; ++e) out[e] = 0;
-  for (int64_t j = 0; j < t; ++j)
-    for (int64_t e = 0; e < dv; ++e) out[e] += scores[j] * writes[j * dv + e];
-  for (int64_t e = 0; e < dv; ++e) out[e] /= normaliser;
+  feature_map(o, s, q, phi_q, phi_q + s.D);
+  normalise(o.qk_norm, s.D, phi_q);
+  const T normaliser = o.attention_normalization ? dot(z, phi_q, s.D) + T(o.eps) : T(1);
+  memory.apply(phi_q, out);
+  for (int64_t e = 0; e < s.dv; ++e) out[e] /= normaliser;
 }
 
 }  // namespace fwp

@@ -190,7 +190,7 @@ class FastWeightAttention(nn.Module):
         state = self._starting_state(x, incremental_state)
         keep = None if key_padding_mask is None else ~key_padding_mask  # [B, T]: positions that write
         one_step = incremental_state is not None and x.shape[0] == 1 and not torch.is_grad_enabled()
-        if one_step and self.fused_step is not None and self.fused_step.runs(x, keep, state.memory):
+        if one_step and self.fused_step is not None and self.fused_step.runs(x, keep):
             return self._fused_causal_step(x, state, incremental_state)
         q, k, v = self._causal_features(x, keep, state)
         beta, log_decay = self._gates(x, keep)

@@ -3,8 +3,8 @@
 At batch 1 every tensor op of a decoding step costs a few microseconds, and the step of a fast-weight layer
 ran about twice as many as softmax attention's (the feature map, its normalisation, attention normalisation,
 the decay, the writes and the read, each its own op and Python call). The fused step does those in one call
-of C++, per (row, head), on the fast weight W in place; the projections before it and the output gate and
-projection after it stay torch's.
+of C++, per (row, head), on the memory in place (W, or in beams W's factors, whose next slots it fills); the
+projections before it and the output gate and projection after it stay torch's.
 
 It runs where it computes exactly what the rule's own step computes (the oracle, tests/test_fused_step.py):
 a built-in feature map with a built-in rule, float32 or float64 on the CPU, no autocast, no padding mask, and
@@ -19,6 +19,7 @@ import torch
 from ..ops import BackendUnavailableError
 from ..ops.backends import Call, resolve
 from ..ops import cuda as extension
+from ..ops import memory as memory_module
 from ..ops.rules import UPDATE_RULES
 from .feature_maps import DPFPFeatureMap, LinearFeatureMap, PerformerFeatureMap, SiLUFeatureMap
 
@@ -60,15 +61,11 @@ class FusedStep:
         what = f"decoding step of {attention.rule.name}" if o.causal else "decoding read of the source memory"
         self.log = f"--fwp-backend {o.backend} fuses each {what} (csrc/fast_weight_step.h)"
 
-    def runs(self, x, keep, memory=None):
+    def runs(self, x, keep):
         """Whether this step runs fused: CPU, float32 or float64, no autocast, no padding, a backend flag that
-        runs CPU steps, the extension built; for a causal step (its `memory`), W held, or batch 1. Beams
-        start from W's factors (ops/memory.py), fewer numbers to copy at each reorder while they are
-        smaller than W: the rule's own step writes them, and the fused step takes over once W is held."""
+        runs CPU steps, the extension built."""
         if keep is not None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) \
                 or torch.is_autocast_enabled("cpu"):
-            return False
-        if memory is not None and memory.fast_weight is None and not (memory.is_empty and x.shape[1] == 1):
             return False
         return self._flag_runs_cpu_steps(x.dtype) and loaded() is not None
 
@@ -89,18 +86,33 @@ class FusedStep:
     @torch.no_grad()
     def __call__(self, q, k, v, beta, log_decay, state):
         """q ``[B, H, d]``, k ``[B, H, N, d]``, v ``[B, H, N, dv]`` (projected, before the feature map), beta and
-        log_decay as the layer's gates give them for one step (or None); advances `state` (its memory's W, and
-        z under attention normalisation) and returns the step's output ``[B, H, dv]``."""
-        W = state.memory.fast_weight_for(q, v, q.dtype, D=self.attention.feature_map.out_dim)
+        log_decay as the layer's gates give them for one step (or None); advances `state` (its memory, and z
+        under attention normalisation) and returns the step's output ``[B, H, dv]``.
+
+        Beams (more than one row) hold W's factors while they are smaller than W (ops/memory.py): fewer numbers
+        to copy at each reorder; the step fills their next slots. Batch 1 holds W from its first token."""
+        memory, D, Dv, N = state.memory, self.attention.feature_map.out_dim, v.shape[-1], k.shape[2]
+        limit = memory_module.factored_length_limit(D, Dv)
+        W = keys = writes = None
+        if memory.fast_weight is None and limit > 0 and not (memory.is_empty and q.shape[0] == 1):
+            held = memory.held()[1]
+            like = q if held is None else held
+            keys, writes = memory.factor_slots_(N, q.shape[:2], D, Dv, (like, like), room=limit)
+        else:
+            W = memory.fast_weight_for(q, v, q.dtype, D=D)
+        held = W if W is not None else writes
         z = None
         if self.attention_normalization:
             if state.key_sum is None:
-                state.key_sum = q.new_zeros(*q.shape[:2], W.shape[-1])
+                state.key_sum = held.new_zeros(*q.shape[:2], D)
             z = state.key_sum
-        cast = self._cast(W.dtype)
+        cast = self._cast(held.dtype)
         self.attention.backend_log.say(self.log)
-        return loaded().fused_step(cast(q), cast(k), cast(v), cast(beta), cast(log_decay), W, z,
-                                   cast(getattr(self.attention.feature_map, "projection", None)), *self.options)
+        out = loaded().fused_step(cast(q), cast(k), cast(v), cast(beta), cast(log_decay), W, keys, writes, z,
+                                  cast(getattr(self.attention.feature_map, "projection", None)), *self.options)
+        if keys is not None:
+            memory.hold_fast_weight_at_(limit)
+        return out
 
     @torch.no_grad()
     def read(self, q, state):

@@ -185,23 +185,32 @@ class Memory:
             self.hold_(u.unsqueeze(-1) * k.unsqueeze(-2))
             return
         self._append_(k, u, room=limit)
+        self.hold_fast_weight_at_(limit)
+
+    def hold_fast_weight_at_(self, limit):
+        """Hold W once the factors reach `limit` tokens: W is smaller from there on."""
         if self.tokens >= limit:
-            self.hold_(self.materialized())  # W is smaller from here on
+            self.hold_(self.materialized())
 
     def _append_(self, k, u, room):
         """One more token's key and write in the factors, which will hold at most `room` tokens."""
-        if self._free_slot:
-            self._keys[:, :, -1], self._writes[:, :, -1], self._free_slot = k, u, False
-            return
+        keys, writes = self.factor_slots_(1, k.shape[:2], k.shape[-1], u.shape[-1], (k, u), room)
+        keys[:, :, -1], writes[:, :, -1] = k, u
+
+    def factor_slots_(self, n, rows_and_heads, D, Dv, like, room):
+        """The factors with n more slots, which the caller fills with n tokens' keys and writes: (keys ``[rows,
+        H, t + n, D]``, writes ``[rows, H, t + n, Dv]``), the t tokens held first; from now on the memory holds
+        t + n tokens (at most `room`). An empty memory starts its factors in the dtypes and device of `like`,
+        a tensor for the keys and one for the writes."""
+        if self._free_slot and n == 1:
+            self._free_slot = False
+            return self._keys, self._writes
         t = self.tokens
-        rows, H = k.shape[:2]
-        keys, writes = self._next_storage(rows, H, t + 1, k, u, room)
-        for old, new, out in ((self._keys, k, keys), (self._writes, u, writes)):
-            if old is None:
-                out.copy_(new.unsqueeze(2))
-            else:
-                torch.cat([old, new.unsqueeze(2)], 2, out=out)
-        self._keys, self._writes = keys, writes
+        keys, writes = self._next_storage(*rows_and_heads, t + n, D, Dv, like, room)
+        if t:
+            keys[:, :, :t], writes[:, :, :t] = self._keys[:, :, :t], self._writes[:, :, :t]
+        self._keys, self._writes, self._free_slot = keys, writes, False
+        return keys, writes
 
     # -- rows ------------------------------------------------------------------------------
 
@@ -217,7 +226,8 @@ class Memory:
             return
         H, n = self._keys.shape[1:3]
         slots = n + (not self._free_slot)  # with a zero slot for the next token
-        keys, writes = self._next_storage(new_order.numel(), H, slots, self._keys, self._writes, slots)
+        keys, writes = self._next_storage(new_order.numel(), H, slots, self._keys.shape[-1], self._writes.shape[-1],
+                                          (self._keys, self._writes), slots)
         for old, new in ((self._keys, keys), (self._writes, writes)):
             torch.index_select(old, 0, new_order, out=new[:, :, :n])
             new[:, :, n:].zero_()
@@ -230,17 +240,17 @@ class Memory:
         elif self.fast_weight is not None:
             self.hold_(self.fast_weight.index_select(0, index))
 
-    def _next_storage(self, rows, H, t, like_keys, like_writes, room):
-        """[rows, H, t, D] and [rows, H, t, Dv] views of the storage the factors are not in now (made, for
-        `room` tokens, where there is none large enough). Writing into memory kept from the step before is
-        several times faster on CPUs than into fresh memory, and the factors stay contiguous for reads."""
-        D, Dv = like_keys.shape[-1], like_writes.shape[-1]
+    def _next_storage(self, rows, H, t, D, Dv, like, room):
+        """[rows, H, t, D] and [rows, H, t, Dv] views of the storage the factors are not in now (made, in
+        the dtypes and device of `like` (keys', writes'), for `room` tokens, where there is none large enough). Writing into memory
+        kept from the step before is several times faster on CPUs than into fresh memory, and the factors stay
+        contiguous for reads."""
         current = self._keys.data_ptr() if self._keys is not None and self._storages else None
         pairs = [pair for pair in self._storages if pair[0].data_ptr() != current]
         pair = pairs[0] if pairs else None
         if pair is None or pair[0].numel() < rows * H * t * D:
             slots = max(room + 1, t)  # a free slot beside every token
-            pair = tuple(x.new_empty(rows * H * slots * size) for x, size in ((like_keys, D), (like_writes, Dv)))
+            pair = tuple(x.new_empty(rows * H * slots * size) for x, size in zip(like, (D, Dv)))
             self._storages = tuple(p for p in self._storages if p[0].data_ptr() == current)[:1] + (pair,)
         return pair[0][:rows * H * t * D].view(rows, H, t, D), pair[1][:rows * H * t * Dv].view(rows, H, t, Dv)
 
