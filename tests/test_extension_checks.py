@@ -216,6 +216,7 @@ def test_deltaproduct_of_no_tokens_and_its_state_alone(backend):
 # -- the command line and checkpoints -------------------------------------------------------
 
 
+@pytest.mark.slow  # a new process
 def test_fairseq_train_help_without_an_architecture_prints_the_help():
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-train"), "--user-dir",
                            os.path.join(ROOT, "fairseq_fwp"), "--help"], capture_output=True, text=True, cwd=ROOT)
@@ -233,6 +234,7 @@ except ValueError as err:
 """
 
 
+@pytest.mark.slow  # a new process
 def test_a_checkpoint_of_a_user_dirs_architecture_names_what_is_missing(tmp_path):
     """A checkpoint of examples/extend's architecture, loaded without its --user-dir."""
     from examples.recipes.published_layouts import write_archive

@@ -114,6 +114,7 @@ def on_a_faked_gpu(name, capability, triton_version):
 GATED_RULES = ("gated-sum", "gated-delta", "gated-delta-product")
 
 
+@pytest.mark.slow  # a new process
 def test_auto_routes_around_fla_where_fla_refuses_its_gated_backward_on_hopper():
     report = on_a_faked_gpu("NVIDIA H200", (9, 0), "3.6.0")
     for rule in GATED_RULES:
@@ -131,6 +132,7 @@ def test_auto_routes_around_fla_where_fla_refuses_its_gated_backward_on_hopper()
     assert report["kernel calls"] == 0
 
 
+@pytest.mark.slow  # a new process
 @pytest.mark.parametrize("name, capability, triton_version", [
     ("NVIDIA H100 80GB HBM3", (9, 0), "3.7.1"),  # a Triton that fla trusts on Hopper
     ("NVIDIA A100-SXM4-80GB", (8, 0), "3.6.0"),  # not Hopper
@@ -215,6 +217,7 @@ else:
 """
 
 
+@pytest.mark.slow  # a new process
 @pytest.mark.parametrize("at_import, later, expected", [
     ("1", "1", "opened"),
     ("0", "0", "needs TRITON_INTERPRET=1 in the environment before triton is imported"),

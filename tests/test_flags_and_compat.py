@@ -146,6 +146,7 @@ def test_a_translation_checkpoint_given_to_eval_lm_says_so():
         model.supported_targets
 
 
+@pytest.mark.slow  # a new process
 def test_hydras_deprecation_warnings_are_silenced():
     """Every fairseq command converted its arguments through Hydra APIs that Hydra 1.3 deprecates, printing
     about 20 lines of warnings first; with the plugin loaded there are none (other warnings stay)."""
