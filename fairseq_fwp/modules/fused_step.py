@@ -95,8 +95,8 @@ class FusedStep:
         limit = memory_module.factored_length_limit(D, Dv)
         W = keys = writes = None
         if memory.fast_weight is None and limit > 0 and not (memory.is_empty and q.shape[0] == 1):
-            held = memory.held()[1]
-            like = q if held is None else held
+            held_keys = memory.held()[1]
+            like = q if held_keys is None else held_keys  # new factors in q's dtype, or the held ones'
             keys, writes = memory.factor_slots_(N, q.shape[:2], D, Dv, (like, like), room=limit)
         else:
             W = memory.fast_weight_for(q, v, q.dtype, D=D)
