@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: builds (or reuses) .venv, then runs the whole suite on the CPU, one pytest worker per
-# core (CI runs exactly this). --fast leaves out the end-to-end runs of the fairseq command-line tools
-# (the tests marked slow); other arguments go to pytest.
+# core (CI runs exactly this). --fast leaves out the tests that start new processes (the fairseq
+# command-line tools end to end, fresh interpreters, nvcc: the tests marked slow); other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
