@@ -271,8 +271,9 @@ at::Tensor fused_read(const at::Tensor& q, const c10::optional<at::Tensor>& W, c
   const fwp::StepSizes sizes{q.size(2), memories.D(), memories.dv()};
   const int64_t t = memories.slots(), g = R / n;
   TORCH_CHECK(!attention_normalization || z.has_value(), "fused_read: attention normalisation needs z");
-  const auto options = step_options(projection, map, nu, input_scale, qk_norm, attention_normalization, false,
-                                    0, 1, 0, eps);
+  const auto options = step_options(projection, map, nu, input_scale, qk_norm, attention_normalization,
+                                    /*normalised_retrieval=*/false, static_cast<int64_t>(fwp::Write::kSum),
+                                    /*writes=*/1, static_cast<int64_t>(fwp::Decay::kNone), eps);
   at::Tensor out = at::empty({R, H, sizes.dv}, memories.held().options());
   AT_DISPATCH_FLOATING_TYPES(dtype, "fused_read", [&] {
     const scalar_t* q_ = q.data_ptr<scalar_t>();

@@ -31,7 +31,7 @@ COMMANDS = ("preprocess", "train", "generate", "eval_lm", "score")
 # logger as importing fairseq leaves it, in the server as in a new process.
 CONFIGURE_LOGGING = ("preprocess", "train", "eval_lm")
 EXIT = b"\0fairseq-fwp exit "  # the line after a command's output that gives its exit status
-_server = {}  # the calling process's server: {"path": socket path, "process": Popen}
+_server = {}  # the calling process's server: {"pid": the caller, "path": socket path, "process": Popen}
 _server_lock = threading.Lock()
 
 
