@@ -15,7 +15,7 @@ fi
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 pip=(.venv/bin/python -m pip install --disable-pip-version-check)
 "${pip[@]}" -r requirements.txt
-# The csrc extension's CPU part, in place (fairseq_fwp/_C*.so, about 45 s of one core), built beside
+# The csrc extension's CPU part, in place (fairseq_fwp/_C*.so, about 30 s of one core), built beside
 # fairseq's install: decoding's fused step needs it from the first step on (pip's editable install would
 # build it without this venv's torch).
 ext_log=$(mktemp)

@@ -35,7 +35,7 @@ SHAPES = [
 
 @pytest.fixture(scope="module", autouse=True)
 def extension():
-    """Build (or load) the extension once; its JIT build takes about a minute."""
+    """Build (or load) the extension once; its JIT build takes about 30 s of one core."""
     return kernels.load_extension()
 
 
