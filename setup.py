@@ -38,11 +38,11 @@ def extension_modules():
                  and (torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))))
     if switch == "auto" and not with_cuda:
         return [], {}
-    sources = ["csrc/fast_weight.cpp"]
-    digest = _csrc_sources().sources_digest()  # the extension says which sources it was built from
+    csrc_sources = _csrc_sources()
+    sources = csrc_sources.source_files(with_cuda, "csrc")
+    digest = csrc_sources.sources_digest()  # the extension says which sources it was built from
     flags = {"cxx": ["-O3", "-std=c++17", f'-DFWP_SOURCES_DIGEST="{digest}"']}
     if with_cuda:
-        sources.append("csrc/fast_weight_cuda.cu")
         flags["cxx"].append("-DFWP_WITH_CUDA")
         flags["nvcc"] = ["-O3", "-std=c++17"]
         module = cpp_extension.CUDAExtension("fairseq_fwp._C", sources, extra_compile_args=flags)

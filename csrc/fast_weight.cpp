@@ -71,7 +71,7 @@ void for_each_tile(const fwp::Problem& p, const Fn& fn) {
   });
 }
 
-const void* data_or_null(const c10::optional<at::Tensor>& x) { return x ? x->data_ptr() : nullptr; }
+void* data_or_null(const c10::optional<at::Tensor>& x) { return x ? x->data_ptr() : nullptr; }
 
 // Returns out, W_final, checkpoints, u (the last two undefined unless
 // save_for_backward; u only for the delta rule).
@@ -191,25 +191,49 @@ struct HeldMemories {
     for (auto [x, name] : {std::pair{&W, "W"}, {&keys, "keys"}, {&writes, "writes"}})
       if (x->has_value()) check_tensor(**x, name, q, held().scalar_type());
   }
-  // Calls f(memory) with the memory of (row, head) i: fwp::DenseMemory, or fwp::FactoredMemory of t tokens.
-  template <typename scalar_t, typename F>
-  void with(int64_t i, int64_t t, scalar_t* scores, F f) const {
-    const int64_t D_ = D(), dv_ = dv(), c = slots();
-    if (W) {
-      fwp::DenseMemory<scalar_t> memory{W->data_ptr<scalar_t>() + i * dv_ * D_, D_, dv_};
-      f(memory);
-    } else {
-      fwp::FactoredMemory<scalar_t> memory{keys->data_ptr<scalar_t>() + i * c * D_,
-                                           writes->data_ptr<scalar_t>() + i * c * dv_, t, D_, dv_, scores};
-      f(memory);
-    }
-  }
 };
+
+enum class Fused { kStep, kRead };
+
+// Runs the fused step or read (fast_weight_step.h's step_of, read_of) of every (row, head) i < RH: on the GPU,
+// one thread block each; on the CPU, in parallel over i, each phase's items in order or, for the tests' check
+// that they are independent, reversed.
+template <Fused kWhat>
+void run_fused(const at::Tensor& held, const fwp::StepOptions& o, const fwp::StepSizes& s, const fwp::StepTensors& x,
+               int64_t RH, bool reversed_items) {
+  if (held.is_cuda()) {
+#ifdef FWP_WITH_CUDA
+    TORCH_CHECK(!reversed_items, "a GPU runs each phase's items in its own order");
+    const c10::cuda::CUDAGuard guard(held.device());
+    check_cuda(fwp::fused_cuda(kernel_dtype(held.scalar_type()), kWhat == Fused::kRead, o, s, x, RH,
+                               c10::cuda::getCurrentCUDAStream()),
+               kWhat == Fused::kStep ? "fused step" : "fused read");
+#else
+    TORCH_CHECK(false, "this build of the fast-weight extension has no CUDA kernels");
+#endif
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES(held.scalar_type(), "fused", [&] {
+    const fwp::SerialTeam team{reversed_items};
+    const int64_t size = kWhat == Fused::kStep ? fwp::step_scratch(s, x.slots) : fwp::read_scratch(s, x.slots);
+    at::parallel_for(0, RH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> scratch(size);
+      for (int64_t i = begin; i < end; ++i) {
+        if constexpr (kWhat == Fused::kStep) {
+          fwp::step_of<scalar_t>(team, o, s, x, i, scratch.data());
+        } else {
+          fwp::read_of<scalar_t>(team, o, s, x, i, scratch.data());
+        }
+      }
+    });
+  });
+}
 
 // One decoding step of every (row, head), fused (fast_weight_step.h): q [R, H, d], k [R, H, N, d], v [R, H, N,
 // dv], beta [R, H, N] or [R, H, D + dv], log_decay [R, H] or [R, H, D], z [R, H, D], and the memories (HeldMemories,
 // n = R; factors of c = t + N slots, the last N filled by this step), advanced in place, all contiguous, in the
-// memory's dtype, on the CPU. Returns out [R, H, dv].
+// memory's dtype and on its device. Returns out [R, H, dv].
+template <bool kReversedItems>
 at::Tensor fused_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const c10::optional<at::Tensor>& beta, const c10::optional<at::Tensor>& log_decay,
                       const c10::optional<at::Tensor>& W, const c10::optional<at::Tensor>& keys,
@@ -217,7 +241,6 @@ at::Tensor fused_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const c10::optional<at::Tensor>& projection, int64_t map, int64_t nu, double input_scale,
                       int64_t qk_norm, bool attention_normalization, bool normalised_retrieval, int64_t write,
                       int64_t decay, double eps) {
-  TORCH_CHECK(!q.is_cuda(), "the fused decoding step runs on the CPU");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "fused_step: q [R, H, d], k [R, H, N, d], v [R, H, N, dv]");
   const HeldMemories memories{W, keys, writes};
   memories.check("fused_step", q);
@@ -232,37 +255,24 @@ at::Tensor fused_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   TORCH_CHECK(!attention_normalization || z.has_value(), "fused_step: attention normalisation needs z");
   const auto options = step_options(projection, map, nu, input_scale, qk_norm, attention_normalization,
                                     normalised_retrieval, write, N, decay, eps);
-  const int64_t beta_size = beta ? beta->numel() / RH : 0, decay_size = log_decay ? log_decay->numel() / RH : 0;
   at::Tensor out = at::empty({q.size(0), q.size(1), sizes.dv}, memories.held().options());
-  AT_DISPATCH_FLOATING_TYPES(dtype, "fused_step", [&] {
-    const scalar_t *q_ = q.data_ptr<scalar_t>(), *k_ = k.data_ptr<scalar_t>(), *v_ = v.data_ptr<scalar_t>();
-    const scalar_t* beta_ = beta ? beta->data_ptr<scalar_t>() : nullptr;
-    const scalar_t* decay_ = log_decay ? log_decay->data_ptr<scalar_t>() : nullptr;
-    scalar_t* z_ = z ? z->data_ptr<scalar_t>() : nullptr;
-    scalar_t* out_ = out.data_ptr<scalar_t>();
-    const int64_t d = sizes.d, D = sizes.D, dv = sizes.dv;
-    at::parallel_for(0, RH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> scratch(3 * D + 2 * d + 2 * dv + t + N);
-      scalar_t* scores = scratch.data() + 3 * D + 2 * d + 2 * dv;
-      for (int64_t i = begin; i < end; ++i)
-        memories.with<scalar_t>(i, t, scores, [&](auto& memory) {
-          fwp::fused_step(options, sizes, q_ + i * d, k_ + i * N * d, v_ + i * N * dv,
-                          beta_ ? beta_ + i * beta_size : nullptr, decay_ ? decay_ + i * decay_size : nullptr, memory,
-                          z_ ? z_ + i * D : nullptr, out_ + i * dv, scratch.data());
-        });
-    });
-  });
+  const fwp::StepTensors tensors{q.data_ptr(), k.data_ptr(), v.data_ptr(), data_or_null(beta), data_or_null(log_decay),
+                                 data_or_null(W), data_or_null(keys), data_or_null(writes),
+                                 data_or_null(z), out.data_ptr(), N, q.size(1),
+                                 beta ? beta->numel() / RH : 0, log_decay ? log_decay->numel() / RH : 0,
+                                 memories.slots(), t, /*rows_per_memory=*/1};
+  run_fused<Fused::kStep>(memories.held(), options, sizes, tensors, RH, kReversedItems);
   return out;
 }
 
 // A read of every row's source memory (fast_weight_step.h's fused_read): q [R, H, d]; the memories of n sources
 // (HeldMemories; factors of t tokens), each read by R / n consecutive rows; z [n, H, D] under attention
 // normalisation. Returns out [R, H, dv].
+template <bool kReversedItems>
 at::Tensor fused_read(const at::Tensor& q, const c10::optional<at::Tensor>& W, const c10::optional<at::Tensor>& keys,
                       const c10::optional<at::Tensor>& writes, const c10::optional<at::Tensor>& z,
                       const c10::optional<at::Tensor>& projection, int64_t map, int64_t nu, double input_scale,
                       int64_t qk_norm, bool attention_normalization, double eps) {
-  TORCH_CHECK(!q.is_cuda(), "the fused read runs on the CPU");
   const HeldMemories memories{W, keys, writes};
   memories.check("fused_read", q);
   const auto dtype = memories.held().scalar_type();
@@ -272,28 +282,15 @@ at::Tensor fused_read(const at::Tensor& q, const c10::optional<at::Tensor>& W, c
   const int64_t R = q.size(0), H = q.size(1), n = memories.held().size(0);
   TORCH_CHECK(R % n == 0, "fused_read: ", R, " rows cannot share ", n, " source memories");
   const fwp::StepSizes sizes{q.size(2), memories.D(), memories.dv()};
-  const int64_t t = memories.slots(), g = R / n;
   TORCH_CHECK(!attention_normalization || z.has_value(), "fused_read: attention normalisation needs z");
   const auto options = step_options(projection, map, nu, input_scale, qk_norm, attention_normalization,
                                     /*normalised_retrieval=*/false, static_cast<int64_t>(fwp::Write::kSum),
                                     /*writes=*/1, static_cast<int64_t>(fwp::Decay::kNone), eps);
   at::Tensor out = at::empty({R, H, sizes.dv}, memories.held().options());
-  AT_DISPATCH_FLOATING_TYPES(dtype, "fused_read", [&] {
-    const scalar_t* q_ = q.data_ptr<scalar_t>();
-    const scalar_t* z_ = z ? z->data_ptr<scalar_t>() : nullptr;
-    scalar_t* out_ = out.data_ptr<scalar_t>();
-    const int64_t d = sizes.d, D = sizes.D, dv = sizes.dv;
-    at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> scratch(D + 2 * d + t);
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t source = (i / H) / g * H + i % H;  // (its memory's row, head)
-        memories.with<scalar_t>(source, t, scratch.data() + D + 2 * d, [&](const auto& memory) {
-          fwp::fused_read(options, sizes, q_ + i * d, memory, z_ ? z_ + source * D : nullptr, out_ + i * dv,
-                          scratch.data());
-        });
-      }
-    });
-  });
+  const fwp::StepTensors tensors{q.data_ptr(), nullptr, nullptr, nullptr, nullptr, data_or_null(W),
+                                 data_or_null(keys), data_or_null(writes), data_or_null(z),
+                                 out.data_ptr(), /*N=*/0, H, 0, 0, memories.slots(), memories.slots(), R / n};
+  run_fused<Fused::kRead>(memories.held(), options, sizes, tensors, R * H, kReversedItems);
   return out;
 }
 
@@ -315,8 +312,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(forward, backward) dynamic shared memory of one launch, in bytes", py::arg("D"), py::arg("chunk"),
         py::arg("rows"), py::arg("acc_size"));
   m.def("has_cuda_kernels", &has_cuda_kernels, "whether this build has the CUDA kernels");
-  m.def("fused_step", &fused_step, "one decoding step of every (row, head), fused (fast_weight_step.h)");
-  m.def("fused_read", &fused_read, "a read of every row's source memory, fused (fast_weight_step.h)");
+  m.def("fused_step", &fused_step<false>, "one decoding step of every (row, head), fused (fast_weight_step.h)");
+  m.def("fused_read", &fused_read<false>, "a read of every row's source memory, fused (fast_weight_step.h)");
+  // the tests' check that a phase's items are independent, as a GPU's thread block needs them
+  m.def("fused_step_items_reversed", &fused_step<true>, "fused_step, each phase's items in reverse order (CPU)");
+  m.def("fused_read_items_reversed", &fused_read<true>, "fused_read, each phase's items in reverse order (CPU)");
   m.attr("max_features") = fwp::kMaxFeatures;
 #ifdef FWP_SOURCES_DIGEST  // setup.py's build: the digest of the sources it was built from (ops/csrc_sources.py)
   m.attr("sources_digest") = FWP_SOURCES_DIGEST;

@@ -1,12 +1,16 @@
 """The fused decoding step (modules/fused_step.py, csrc/fast_weight_step.h) against each rule's own step, the
 oracle (--fwp-backend reference keeps it): every built-in feature map with every built-in rule, at batch 1 and
 in beams, with beam reorders, and the encoder-decoder attention's fused read; n-best lists of beam search
-equal with and without it."""
+equal with and without it. The GPU's kernel (csrc/fast_weight_step_cuda.cu) runs the same source on a thread
+block per (row, head): here, each phase's items must give the same bits in reverse order, as they must in any
+order there; on a GPU (test_gpu_*), the kernel against the oracle on the GPU."""
 import os
+import types
 
 import pytest
 import torch
 
+from fairseq_fwp.modules import fused_step as fused_step_module
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
 from fairseq_fwp.modules.fused_step import FusedStep, loaded
 from fairseq_fwp.ops import memory
@@ -21,11 +25,11 @@ RULES = [("sum", []), ("gated-sum", []), ("delta", []), ("gated-delta", []), ("g
          ("gated-delta", ["--fwp-householder-steps", "2"]), ("kda", ["--fwp-householder-steps", "3"])]
 
 
-def stepwise(model, d, rows, T=10, reorder_at=(0, 4)):
+def stepwise(model, d, rows, T=10, reorder_at=(0, 4), device="cpu"):
     """The LM decoded token by token for `rows` rows, the rows reordered as beam search would after the steps
     `reorder_at` (the first while the factors are held, the second once W is)."""
-    tokens = torch.randint(d.nspecial, len(d), (rows, T), generator=torch.Generator().manual_seed(0))
-    order = torch.arange(rows).flip(0)
+    tokens = torch.randint(d.nspecial, len(d), (rows, T), generator=torch.Generator().manual_seed(0)).to(device)
+    order = torch.arange(rows, device=device).flip(0)
     with torch.no_grad():
         state, steps = {}, []
         for t in range(T):
@@ -40,26 +44,81 @@ def fused_attentions(model):
     return [m for m in model.modules() if isinstance(m, FastWeightAttention) and m.fused_step is not None]
 
 
-@pytest.mark.parametrize("feature_map, map_flags, rule, rule_flags, rows", [
-    *[(m, mf, r, rf, 4) for m, mf in MAPS for r, rf in RULES],  # in beams
-    *[(*MAPS[0], r, rf, 1) for r, rf in RULES],  # at batch 1
-])
-def test_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows,
-                                                             fused_calls):
-    """Beams hold W's factors for their first 3 written tokens here, then W; batch 1 holds W from its first
-    token; the fused step runs every step of either."""
+def flags_of(feature_map, map_flags, rule, rule_flags):
     flags = ["--fwp-feature-map", feature_map, *map_flags, "--fwp-update-rule", rule, *rule_flags]
     if "--fwp-negative-eigenvalues" in flags and "l2" not in flags:
         flags += ["--fwp-qk-norm", "l2"]
     if feature_map == "silu" or "--fwp-qk-norm" in flags:
         flags += ["--fwp-attn-norm", "off"]
+    return flags
+
+
+def fused_against_oracle(flags, rows, fused_calls, device="cpu"):
     fused, d = build_lm_model(*flags)
     oracle, _ = build_lm_model(*flags, "--fwp-backend", "reference")
     assert fused_attentions(fused) and not fused_attentions(oracle)
-    torch.testing.assert_close(stepwise(fused.eval(), d, rows), stepwise(oracle.eval(), d, rows), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stepwise(fused.to(device), d, rows, device=device),
+                               stepwise(oracle.to(device), d, rows, device=device), rtol=1e-5, atol=1e-5)
     counts = list(fused_calls.values())
     assert len(counts) == len(fused_attentions(fused))
     assert all(c == 10 for c in counts)
+
+
+BEAMS_AND_BATCH_1 = [*[(m, mf, r, rf, 4) for m, mf in MAPS for r, rf in RULES],  # in beams
+                     *[(*MAPS[0], r, rf, 1) for r, rf in RULES]]  # at batch 1
+
+
+@pytest.mark.parametrize("feature_map, map_flags, rule, rule_flags, rows", BEAMS_AND_BATCH_1)
+def test_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows,
+                                                             fused_calls):
+    """Beams hold W's factors for their first 3 written tokens here, then W; batch 1 holds W from its first
+    token; the fused step runs every step of either."""
+    fused_against_oracle(flags_of(feature_map, map_flags, rule, rule_flags), rows, fused_calls)
+
+
+@pytest.mark.parametrize("feature_map, map_flags, rule, rule_flags, rows", BEAMS_AND_BATCH_1)
+def test_gpu_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows,
+                                                                 fused_calls):
+    """The CUDA kernel (one thread block per (row, head)) against the rule's own step, both on the GPU."""
+    assert loaded().has_cuda_kernels(), "the extension was built without its CUDA kernels"
+    fused_against_oracle(flags_of(feature_map, map_flags, rule, rule_flags), rows, fused_calls, device="cuda")
+
+
+@pytest.fixture
+def items_reversed(monkeypatch):
+    """The extension's fused calls with each phase's items in reverse order (SerialTeam in
+    csrc/fast_weight_step.h)."""
+    built = loaded()
+    monkeypatch.setattr(fused_step_module, "loaded", lambda: types.SimpleNamespace(
+        fused_step=built.fused_step_items_reversed, fused_read=built.fused_read_items_reversed,
+        has_cuda_kernels=built.has_cuda_kernels))
+
+
+# every phase: no retrieval, retrieval under Eqs. 26-28, a decay per head and per channel, the erase gate,
+# several writes per token
+PHASE_RULES = [("sum", []), ("delta", ["--fwp-attn-norm", "on"]), ("gated-delta", []), ("kda", []), ("gdn2", []),
+               ("delta", ["--fwp-householder-steps", "2"])]
+
+
+@pytest.mark.parametrize("rule, rule_flags", PHASE_RULES)
+@pytest.mark.parametrize("feature_map, map_flags", MAPS)
+def test_each_phase_of_the_step_has_independent_items(feature_map, map_flags, rule, rule_flags, fused_calls,
+                                                      request):
+    """Beams of 4 (factors, then W), every step fused, the same bits with each phase's items reversed."""
+    model, d = build_lm_model(*flags_of(feature_map, map_flags, rule, rule_flags))
+    in_order = stepwise(model, d, 4)
+    request.getfixturevalue("items_reversed")
+    assert torch.equal(stepwise(model, d, 4), in_order)
+    assert set(fused_calls.values()) == {20}
+
+
+@pytest.mark.parametrize("feature_map, flags", MAPS)
+def test_each_phase_of_the_read_has_independent_items(feature_map, flags, request):
+    """Sources of 5 to 9 tokens: memories held as their factors."""
+    model, d = build_translation_model("--fwp-feature-map", feature_map, *flags)
+    in_order = full_and_stepwise_decoder_outputs(model, d)[1]
+    request.getfixturevalue("items_reversed")
+    assert torch.equal(full_and_stepwise_decoder_outputs(model, d)[1], in_order)
 
 
 @pytest.fixture
@@ -99,6 +158,18 @@ def test_the_encoder_decoder_attentions_fused_read_is_the_full_forwards(feature_
         pieces = [model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)[0]
                   for t in range(prev.shape[1])]
     torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("feature_map, flags", MAPS)
+def test_gpu_the_encoder_decoder_attentions_fused_read_is_the_full_forwards(feature_map, flags, monkeypatch):
+    """On the GPU, the full forward with --fwp-backend auto's kernels (fla's, where they run)."""
+    reads = []
+    read = FusedStep.read
+    monkeypatch.setattr(FusedStep, "read", lambda self, *args: reads.append(self) or read(self, *args))
+    model, d = build_translation_model("--fwp-feature-map", feature_map, *flags)
+    full, steps = full_and_stepwise_decoder_outputs(model.cuda(), d, "cuda")
+    assert ((steps - full).abs().max() / full.abs().max()).item() < 1e-4
+    assert len(reads) == 2 * 40  # two decoder layers, forty steps
 
 
 def test_a_users_map_and_rule_keep_their_own_steps():

@@ -7,9 +7,11 @@ of C++, per (row, head), on the memory in place (W, or in beams W's factors, who
 projections before it and the output gate and projection after it stay torch's.
 
 It runs where it computes exactly what the rule's own step computes (the oracle, tests/test_fused_step.py):
-a built-in feature map with a built-in rule, float32 or float64 on the CPU, no autocast, no padding mask, and
-a backend other than "reference" (which keeps the rule's own step, the oracle). Everything else, and every
-process where the extension does not build, keeps the unfused step.
+a built-in feature map with a built-in rule, float32 or float64, no autocast, no padding mask, and a backend
+other than "reference" (which keeps the rule's own step, the oracle). On the CPU that is the extension's loop
+over (row, head); on a GPU, where the extension has its CUDA kernels, one thread block per (row, head)
+(csrc/fast_weight_step_cuda.cu), from the same source. Everything else, and every process where the extension
+does not build, keeps the unfused step.
 """
 import logging
 from typing import Optional
@@ -48,7 +50,7 @@ class FusedStep:
     def __init__(self, attention):
         o = attention.options
         self.attention = attention
-        self._flag_runs = {}  # dtype -> whether the backend flag runs CPU steps (_flag_runs_cpu_steps)
+        self._flag_runs = {}  # (device type, dtype) -> whether the backend flag runs steps there (_flag_runs_steps)
         self.attention_normalization = o.attention_normalization
         # fused_step's options, in its order: the map, DPFP's nu, FAVOR+'s input scale, the q/k normalisation,
         # attention normalisation, the delta rules' normalised retrieval (Eqs. 26-28), the write, the decay, eps
@@ -62,26 +64,29 @@ class FusedStep:
         self.log = f"--fwp-backend {o.backend} fuses each {what} (csrc/fast_weight_step.h)"
 
     def runs(self, x, keep):
-        """Whether this step runs fused: CPU, float32 or float64, no autocast, no padding, a backend flag that
-        runs CPU steps, the extension built."""
-        if keep is not None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) \
-                or torch.is_autocast_enabled("cpu"):
+        """Whether this step runs fused: float32 or float64, no autocast, no padding, a backend flag that runs
+        steps on x's device, the extension built (with its CUDA kernels, for x on a GPU)."""
+        device = x.device.type
+        if keep is not None or device not in ("cpu", "cuda") or x.dtype not in (torch.float32, torch.float64) \
+                or torch.is_autocast_enabled(device) or not self._flag_runs_steps(x.device, x.dtype):
             return False
-        return self._flag_runs_cpu_steps(x.dtype) and loaded() is not None
+        built = loaded()
+        return built is not None and (device == "cpu" or built.has_cuda_kernels())
 
-    def _flag_runs_cpu_steps(self, dtype):
-        """Whether --fwp-backend runs this rule's decoding steps on the CPU: the fused step stands in for
-        what it runs, and a backend refused here (cuda, fla on CPU tensors) stays refused, by the unfused step."""
-        if dtype not in self._flag_runs:
+    def _flag_runs_steps(self, device, dtype):
+        """Whether --fwp-backend runs this rule's decoding steps on `device`: the fused step stands in for
+        what it runs, and a backend refused there (cuda, fla on CPU tensors) stays refused, by the unfused step."""
+        key = (device.type, dtype)
+        if key not in self._flag_runs:
             a = self.attention
-            call = Call(rule=a.rule, dtype=dtype, device=torch.device("cpu"), D=a.feature_map.out_dim,
-                        Dv=a.head_dim, T=1, needs_grad=False, step=True)
+            call = Call(rule=a.rule, dtype=dtype, device=device, D=a.feature_map.out_dim, Dv=a.head_dim, T=1,
+                        needs_grad=False, step=True)
             try:
                 resolve(a.options.backend, call)
-                self._flag_runs[dtype] = True
+                self._flag_runs[key] = True
             except BackendUnavailableError:
-                self._flag_runs[dtype] = False
-        return self._flag_runs[dtype]
+                self._flag_runs[key] = False
+        return self._flag_runs[key]
 
     @torch.no_grad()
     def __call__(self, q, k, v, beta, log_decay, state):

@@ -5,6 +5,12 @@ import hashlib
 import os
 
 CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
+CUDA_SOURCES = ("fast_weight_cuda.cu", "fast_weight_step_cuda.cu")  # the kernels; beside the torch glue
+
+
+def source_files(with_cuda, folder=CSRC_DIR):
+    """What a build compiles: the torch glue (with the CPU twin and the fused step), and the CUDA kernels."""
+    return [os.path.join(folder, name) for name in ("fast_weight.cpp", *(CUDA_SOURCES if with_cuda else ()))]
 
 
 def sources_digest():

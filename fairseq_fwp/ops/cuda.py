@@ -25,7 +25,7 @@ import subprocess
 
 import torch
 
-from .csrc_sources import CSRC_DIR, sources_digest
+from .csrc_sources import CSRC_DIR, source_files, sources_digest
 from .errors import BackendUnavailableError
 from .protocol import Backend, Kernel
 
@@ -94,17 +94,13 @@ def _jit_build():
     # The CUDA kernels are built for the GPUs in sight; without one (a CUDA build of torch on a CPU
     # machine) only the CPU twin is built.
     with_cuda = torch.cuda.is_available() and cpp_extension.CUDA_HOME is not None
-    sources = [os.path.join(CSRC_DIR, "fast_weight.cpp")]
-    flags = ["-O3", "-std=c++17"]
-    if with_cuda:
-        sources.append(os.path.join(CSRC_DIR, "fast_weight_cuda.cu"))
-        flags.append("-DFWP_WITH_CUDA")
+    flags = ["-O3", "-std=c++17"] + (["-DFWP_WITH_CUDA"] if with_cuda else [])
     _ensure_ninja_on_path()
     logger.info("building the fast-weight extension from %s (%s; once per machine, about a minute)",
                 CSRC_DIR, "CUDA kernels and CPU twin" if with_cuda else "CPU twin only")
     return cpp_extension.load(
         name=f"fairseq_fwp_kernels_{'cuda' if with_cuda else 'cpu'}_{sources_digest()}",
-        sources=sources, extra_cflags=flags, extra_cuda_cflags=["-O3", "-std=c++17"],
+        sources=source_files(with_cuda), extra_cflags=flags, extra_cuda_cflags=["-O3", "-std=c++17"],
         with_cuda=with_cuda, verbose=False)
 
 
