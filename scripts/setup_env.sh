@@ -14,13 +14,16 @@ if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
 fi
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 pip=(.venv/bin/python -m pip install --disable-pip-version-check)
-"${pip[@]}" -r requirements.txt
-# The csrc extension's CPU part, in place (fairseq_fwp/_C*.so, about 30 s of one core), built beside
-# fairseq's install: decoding's fused step needs it from the first step on (pip's editable install would
-# build it without this venv's torch).
+# What the csrc extension builds with, first; the rest installs while it compiles.
+mapfile -t build_deps < <(grep -E '^(torch|numpy|setuptools|wheel|packaging|ninja)==' requirements.txt | cut -d' ' -f1)
+"${pip[@]}" "${build_deps[@]}"
+# The csrc extension's CPU part, in place (fairseq_fwp/_C*.so, about 35 s of one core), built beside the
+# other packages' and fairseq's installs: decoding's fused step needs it from the first step on (pip's
+# editable install would build it without this venv's torch).
 ext_log=$(mktemp)
 FAIRSEQ_FWP_BUILD_EXT=1 .venv/bin/python setup.py -q build_ext --inplace > "$ext_log" 2>&1 &
 ext_build=$!
+"${pip[@]}" -r requirements.txt
 # fairseq's build needs torch/numpy/cython from the venv (no build isolation);
 # --no-deps keeps it from pulling torchaudio and with it a second torch.
 # Its six C++ extensions build side by side, one per core (164 s -> 113 s on 2 cores). torch's ninja
@@ -33,7 +36,7 @@ PATH="$build/bin:$PATH" DIST_EXTRA_CONFIG="$build/setup.cfg" "${pip[@]}" --no-bu
 rm -rf "$build"
 wait "$ext_build" || { cat "$ext_log"; echo "setup_env: the csrc extension did not build" >&2; exit 1; }
 rm -f "$ext_log"
-"${pip[@]}" --no-build-isolation --no-deps -e .
+FAIRSEQ_FWP_BUILD_EXT=0 "${pip[@]}" --no-build-isolation --no-deps -e .  # the extension is built above
 # fastBPE (--bpe-tool fastbpe, fairseq's --bpe fastbpe): its Python module applies codes; its
 # command-line program, which learns them, is built from the same registry sources.
 "${pip[@]}" --no-build-isolation --no-deps "fastBPE==$FASTBPE"
