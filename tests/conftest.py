@@ -37,6 +37,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_preloaded_server_per_worker(tmp_path_factory):
+    """The programs that tests run as new processes (the recipes, the quickstart) send their fairseq commands
+    to this worker's preloaded server too, rather than each starting a server of its own (about 4 s each)."""
+    if os.environ.get("FAIRSEQ_FWP_PRELOAD") == "1" and not os.environ.get("FAIRSEQ_FWP_PRELOAD_SOCKET"):
+        from examples.recipes import preloaded
+
+        os.environ.update(preloaded.stand_ins(str(tmp_path_factory.mktemp("stand-ins"))))
+
+
 @pytest.fixture(scope="session")
 def corpora(tmp_path_factory):
     """The built-in synthetic corpora (600 training pairs and lines, 43 of each evaluation split), written
