@@ -35,13 +35,16 @@ FENCE = re.compile(r"^```(\S*)\s*$")
 # What a block may start with that makes an untagged block a shell command (tag it bash, or text for a synopsis).
 COMMAND_START = re.compile(r"^(fairseq-|python |bash |git |nice |subword-nmt |\.venv/)")
 
-# A tiny budget per program, appended as a user trying the command would append it (argparse: the last
-# value of a flag wins). `...` in a command ("your other flags") is where it goes.
+# A tiny budget per program, as a user trying the command would give it: in place of a value the command
+# gives, or appended (argparse: the last value of a flag wins). `...` in a command ("your other flags") is
+# where appended flags go.
 BUDGETS = [
     (re.compile(r"(^|\s)fairseq-train\s"), "--max-update 2"),
     (re.compile(r"-m examples\.synthetic_retrieval\.sweep\s"), "--max-steps 100 --sizes 20 --models sum-linear"),
-    (re.compile(r"-m examples\.state_tracking\s"), "--tasks parity --rows sum --seeds 1 --workers 1"),
+    (re.compile(r"-m examples\.state_tracking\s"), "--tasks parity --rows sum --seeds 1 --workers 1 --updates 20"),
+    (re.compile(r"-m fairseq_fwp\.uptrain\s.*--attention-transfer-steps\s"), "--attention-transfer-steps 2"),
 ]
+FLAG_AND_VALUE = re.compile(r"(--[\w-]+) (\S+)")
 # What fairseq-train cannot do without, for a command whose `...` leaves it out: (the flags that give it,
 # what a user would add).
 ESSENTIALS = [(("--max-tokens", "--batch-size"), "--max-tokens 2048"), (("--optimizer",), "--optimizer adam --lr 5e-4")]
@@ -118,12 +121,26 @@ def with_budget(text, placeholders=None):
         if added and " ..." in whole:
             added += [flags for given, flags in ESSENTIALS if not any(f"{flag} " in whole for flag in given)]
         if added:
+            lines, appended = in_place(lines, " ".join(added))
             lines = [re.sub(r"\s\.\.\.(?=\s|$)", "", line) for line in lines]
             comment = re.search(r"\s+#\s", lines[-1])
             code, comment = (lines[-1][:comment.start()], lines[-1][comment.start():]) if comment else (lines[-1], "")
-            lines[-1] = f"{code.rstrip()} {' '.join(added)}{comment}"
+            lines[-1] = f"{code.rstrip()} {appended}{comment}" if appended else lines[-1]
         rewritten += lines
     return "\n".join(rewritten)
+
+
+def in_place(lines, flags):
+    """The command's lines with the values of those of `flags` it gives replaced (a flag after a `--` belongs
+    to another parser), and the flags it does not give, to append."""
+    appended = []
+    for flag, value in FLAG_AND_VALUE.findall(flags):
+        given = re.compile(rf"(?<=\s){re.escape(flag)} \S+")
+        if any(given.search(line) for line in lines):
+            lines = [given.sub(f"{flag} {value}", line) for line in lines]
+        else:
+            appended.append(f"{flag} {value}")
+    return lines, " ".join(appended)
 
 
 def write_my_data(home):
@@ -147,6 +164,10 @@ def test_a_budget_goes_where_a_user_adds_it():
     assert train == f"    --optimizer sgd --max-update 2 {SMALL_MODEL} --max-tokens 2048   # a comment"
     assert generate == "fairseq-generate data-bin/x --path ckpt/ckpt.pt"
     assert got.startswith("fairseq-train data-bin/x --arch fwp_transformer_wmt_en_de_big \\\n")
+    given = with_budget("fairseq-train data-bin/x --max-update 300 --optimizer sgd ...")
+    assert given == "fairseq-train data-bin/x --max-update 2 --optimizer sgd --max-tokens 2048"
+    transfer = with_budget("python -m fairseq_fwp.uptrain --out c.pt --attention-transfer-steps 100 -- data-bin/x")
+    assert transfer == "python -m fairseq_fwp.uptrain --out c.pt --attention-transfer-steps 2 -- data-bin/x"
 
 
 @pytest.mark.parametrize("block", [b for b in command_blocks() if b.not_run], ids=lambda b: b.name)

@@ -33,8 +33,22 @@ def test_every_row_tracks_with_one_state_per_token(row):
     assert model(tokens).shape == (2, 7, 6)
 
 
-def test_a_short_run_reports_every_test_length(monkeypatch):
-    monkeypatch.setitem(runner.STEPS, "parity", 3)
-    result = runner.train_and_test("parity", "DeltaProduct N=2 [-1,1]", seed=1)
+def test_a_short_run_reports_every_test_length():
+    result = runner.train_and_test("parity", "DeltaProduct N=2 [-1,1]", seed=1, updates=3)
     assert set(result["accuracy"]) == set(TASKS["parity"].test_lengths)
     assert all(0 <= a <= 1 for a in result["accuracy"].values())
+    assert result["updates"] == 3
+
+
+@pytest.mark.slow  # its runs go to worker processes
+def test_a_result_of_other_updates_is_run_again_and_one_of_as_many_is_kept(tmp_path):
+    import json
+
+    def run(updates):
+        runner.main(["--out", str(tmp_path), "--tasks", "parity", "--rows", "sum", "--seeds", "1", "--workers", "1",
+                     "--updates", str(updates)])
+        return json.loads((tmp_path / "results.json").read_text())["parity | sum | 1"]
+
+    first = run(3)
+    assert first["updates"] == 3 and run(3) == first  # kept
+    assert run(4)["updates"] == 4  # run again

@@ -1,10 +1,11 @@
 """Train every row on every task on short sequences, test it on longer ones, and report.
 
     python -m examples.state_tracking --out runs/state_tracking [--tasks parity mod3 s3] [--rows ROW ...]
-                                      [--seeds 1 2 3] [--workers 2]
+                                      [--seeds 1 2 3] [--workers 2] [--updates N]
 
 Each run: AdamW (lr 3e-3, weight decay 0.01, gradient norm clipped at 1), batches of
-64 sequences (32 for S3) at the training lengths, STEPS[task] updates, one thread. The score at each test
+64 sequences (32 for S3) at the training lengths, STEPS[task] updates (--updates: another number, for a
+quicker look), one thread. The score at each test
 length is the accuracy of the state after the last token (the whole sequence's parity, count or
 permutation; chance is 1/classes) over 256 test sequences. Runs go two at a time; results go to
 OUT/results.json as they finish (an interrupted run resumes), then the table (the median over seeds, and
@@ -32,8 +33,9 @@ TEST_SEQUENCES = 256
 SOLVED = 0.99
 
 
-def train_and_test(task_name, row, seed):
-    """One run in a worker process: {"accuracy": {length: accuracy at the last token}, "seconds", "loss"}."""
+def train_and_test(task_name, row, seed, updates):
+    """One run in a worker process: {"accuracy": {length: accuracy at the last token}, "seconds", "loss",
+    "updates"}."""
     torch.set_num_threads(1)
     task = TASKS[task_name]
     torch.manual_seed(seed)
@@ -41,7 +43,7 @@ def train_and_test(task_name, row, seed):
     model = StateTracker(task, ROWS[row])
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     start = time.time()
-    for _ in range(STEPS[task_name]):
+    for _ in range(updates):
         tokens, states = task.training_batch(BATCH[task_name], generator)
         loss = F.cross_entropy(model(tokens).flatten(0, 1), states.flatten())
         optimizer.zero_grad()
@@ -54,7 +56,7 @@ def train_and_test(task_name, row, seed):
         for length in task.test_lengths:
             tokens, states = task.batch(TEST_SEQUENCES, length, generator)
             accuracy[length] = (model(tokens)[:, -1].argmax(-1) == states[:, -1]).float().mean().item()
-    return {"accuracy": accuracy, "seconds": round(time.time() - start, 1), "loss": loss.item()}
+    return {"accuracy": accuracy, "seconds": round(time.time() - start, 1), "loss": loss.item(), "updates": updates}
 
 
 def key(task, row, seed):
@@ -118,13 +120,20 @@ def main(argv=None):
                         help="rows to run (default: all): " + ", ".join(ROWS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--workers", type=int, default=2, help="runs side by side, one thread each")
+    parser.add_argument("--updates", type=int, help="updates per run (default: each task's, " +
+                        ", ".join(f"{task} {n}" for task, n in STEPS.items()) + ")")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
+    if args.updates is not None and args.updates < 1:
+        parser.error(f"--updates must be >= 1, got {args.updates}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     results = json.load(open(path)) if os.path.exists(path) else {}
-    todo = [(t, r, s) for t in args.tasks for r in args.rows for s in args.seeds if key(t, r, s) not in results]
+    updates = {task: args.updates or STEPS[task] for task in args.tasks}
+    # a run is done when it has a result of as many updates (a result that does not say is of STEPS')
+    todo = [(t, r, s, updates[t]) for t in args.tasks for r in args.rows for s in args.seeds
+            if key(t, r, s) not in results or results[key(t, r, s)].get("updates", STEPS[t]) != updates[t]]
     start = time.time()
     with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
         futures = {pool.submit(train_and_test, *run): run for run in todo}
@@ -132,11 +141,11 @@ def main(argv=None):
             run = futures[future]
             result = future.result()
             result["accuracy"] = {str(n): a for n, a in result["accuracy"].items()}
-            results[key(*run)] = result
+            results[key(*run[:3])] = result
             with open(path + ".tmp", "w") as f:
                 json.dump(results, f, indent=1)
             os.replace(path + ".tmp", path)
-            print(f"{key(*run)}: {result['accuracy']} ({result['seconds']} s)", flush=True)
+            print(f"{key(*run[:3])}: {result['accuracy']} ({result['seconds']} s)", flush=True)
     machine = platform.processor() or platform.machine()
     print(f"\n{len(todo)} runs in {time.time() - start:.0f} s on {os.cpu_count()} cores ({machine}), "
           f"torch {torch.__version__}, Python {sys.version.split()[0]}")
