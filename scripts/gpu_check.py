@@ -12,7 +12,9 @@ is rewritten as each part writes, so a run cut short still reports:
   (gpu_check_plugin.py). The CPU tests are CI's;
 - train-step: examples/speed/train_step.py, training steps of a GPT-2-small-sized LM, fairseq's own
   transformer_lm against the fwp rows of --train-step-rows;
-- benchmark: examples/speed/op_benchmark.py --device cuda --quick, printed as it runs;
+- benchmark: examples/speed/op_benchmark.py --device cuda --quick, then one decoder layer's decoding step
+  (examples/speed/layer_step.py --device cuda: the fused step's CUDA kernel and each rule's own step against
+  softmax attention's), printed as they run;
 - training: fairseq-train of the tiny translation and language models, --updates updates with each
   of --fp16, --bf16 and --amp, loss finite and falling; the translation model is launched as the
   console script fairseq-train, the language model as `python -m fairseq_cli.train`.
@@ -44,7 +46,7 @@ import torch  # noqa: E402
 PRECISIONS = ("--fp16", "--bf16", "--amp")
 # Seconds per part on a GPU machine: with the install (about 30 s), the check ends within its default
 # budget of 360 s (GPU_CHECK_BUDGET, gpu_check.sh).
-LIMITS = {"tests": 130, "train-step": 100, "benchmark": 45, "training": 55}
+LIMITS = {"tests": 130, "train-step": 100, "benchmark": 55, "training": 55}
 TRAIN_STEP_ROWS = "fairseq-softmax,linear-delta,gated-deltanet"
 HOW_TO_READ = ("How to read this report: every part ends with one of passed, FAILED, skipped (with the reason) "
                "or stopped at its time limit (it ran out of time; that is not a failure of what it checks). "
@@ -162,7 +164,11 @@ def part_benchmark(section, args):
         return None, []
     code = stream(section, [sys.executable, os.path.join(ROOT, "examples", "speed", "op_benchmark.py"), "--device",
                             "cuda", "--quick"])
-    return code == 0, ["the op benchmark above"] if code == 0 else []
+    # a decoding step, fused (the extension's CUDA kernel) and each rule's own, against softmax attention's
+    step = stream(section, [sys.executable, os.path.join(ROOT, "examples", "speed", "layer_step.py"), "--device",
+                            "cuda"])
+    ran = ["the op benchmark above"] * (code == 0) + ["the decoding step above"] * (step == 0)
+    return code == 0 and step == 0, ran
 
 
 # -- training --------------------------------------------------------------------------

@@ -217,3 +217,14 @@ def test_a_backend_that_cannot_run_here_stays_refused_while_decoding():
     model, d = build_lm_model("--fwp-backend", "cuda")
     with pytest.raises(BackendUnavailableError, match="backend 'cuda' cannot run this call: the csrc kernels run on CUDA"):
         stepwise(model.eval(), d, 1, T=2)
+
+
+def test_the_layer_step_benchmark_times_the_fused_and_the_rules_own_step(capsys):
+    """examples/speed/layer_step.py, which the GPU check runs with --device cuda."""
+    from examples.speed import layer_step
+
+    layer_step.main(["--runs", "1", "--models", "softmax", "linear"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| softmax |")
+            or line.startswith("| linear |")]
+    assert [row.split(" | ")[1] for row in rows] == ["softmax attention", "fused", "the rule's own"]
+    assert all(row.endswith("x |") for row in rows)
