@@ -21,9 +21,9 @@ __device__ __forceinline__ T warp_total(T x) {
   return x;
 }
 
-// A thread block as fast_weight_step.h's team. A phase's items go to consecutive threads (a grid's columns
-// fastest, so that a warp touches a row's consecutive numbers), the rows of dots to warps; every phase and
-// every total ends at a barrier. Totals add the warps' partial sums in warp order: every thread gets the same.
+// A thread block as fast_weight_step.h's team. A phase's items go to consecutive threads; the rows of a grid
+// and of dots go to warps, their columns to lanes (a warp touches a row's consecutive numbers); every phase
+// and every total ends at a barrier. Totals add the warps' partial sums in warp order: every thread gets the same.
 struct BlockTeam {
   void* partials;  // shared, one per warp
 
@@ -33,8 +33,10 @@ struct BlockTeam {
     __syncthreads();
   }
   template <typename F>
-  __device__ void grid(int64_t rows, int64_t cols, F f) const {
-    for (int64_t i = threadIdx.x; i < rows * cols; i += kThreads) f(i / cols, i % cols);
+  __device__ void grid(int64_t rows, int64_t cols, F f) const {  // rows to warps, as dots: no division per item
+    const int warp = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
+    for (int64_t r = warp; r < rows; r += kWarps)
+      for (int64_t c = lane; c < cols; c += kLanes) f(r, c);
     __syncthreads();
   }
   template <typename T>
