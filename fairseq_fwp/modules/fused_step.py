@@ -50,7 +50,7 @@ class FusedStep:
     def __init__(self, attention):
         o = attention.options
         self.attention = attention
-        self._flag_runs = {}  # (device type, dtype) -> whether the backend flag runs steps there (_flag_runs_steps)
+        self._flag_runs = {}  # (device, dtype) -> whether the backend flag runs steps there (_flag_runs_steps)
         self.attention_normalization = o.attention_normalization
         # fused_step's options, in its order: the map, DPFP's nu, FAVOR+'s input scale, the q/k normalisation,
         # attention normalisation, the delta rules' normalised retrieval (Eqs. 26-28), the write, the decay, eps
@@ -76,7 +76,7 @@ class FusedStep:
     def _flag_runs_steps(self, device, dtype):
         """Whether --fwp-backend runs this rule's decoding steps on `device`: the fused step stands in for
         what it runs, and a backend refused there (cuda, fla on CPU tensors) stays refused, by the unfused step."""
-        key = (device.type, dtype)
+        key = (device, dtype)
         if key not in self._flag_runs:
             a = self.attention
             call = Call(rule=a.rule, dtype=dtype, device=device, D=a.feature_map.out_dim, Dv=a.head_dim, T=1,
