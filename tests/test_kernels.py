@@ -151,6 +151,27 @@ def test_cuda_sources_compile(tmp_path, source, arch):
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.slow  # about 10 s of the C++ compiler
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_the_glue_compiles_with_its_cuda_branch(tmp_path):
+    """fast_weight.cpp as a CUDA build of torch compiles it (FWP_WITH_CUDA: the launchers' calls, torch's CUDA
+    guards and streams), against this torch's headers and nvcc's toolkit. A CPU build of torch lacks one
+    header that CUDA builds generate; this writes it as they do (shared libraries)."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    macros = tmp_path / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    macros.parent.mkdir(parents=True)
+    macros.write_text("#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    includes = [str(tmp_path), *cpp_extension.include_paths(), os.path.join(kernels.toolkit_of(NVCC), "include"),
+                sysconfig.get_paths()["include"]]
+    cmd = [shutil.which("c++") or "g++", "-std=c++17", "-fsyntax-only", "-DFWP_WITH_CUDA", "-DTORCH_EXTENSION_NAME=_C",
+           *[f"-I{path}" for path in includes], os.path.join(kernels.CSRC_DIR, "fast_weight.cpp")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_the_toolkit_is_where_nvcc_runs_from_not_where_a_wrapper_lies(tmp_path):
     """A wrapper script on PATH (as some images install nvcc) still leads to the real toolkit."""
