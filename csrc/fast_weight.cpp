@@ -1,6 +1,7 @@
 // torch glue of the fast-weight kernels: checks, buffers, dispatch to the CUDA
-// launchers (fast_weight_cuda.cu, when built with FWP_WITH_CUDA) or to the CPU
-// twin (fast_weight_twin.h). Autograd lives in fairseq_fwp/ops/cuda.py.
+// launchers (fast_weight_cuda.cu, fast_weight_step_cuda.cu, when built with
+// FWP_WITH_CUDA) or to the CPU twin (fast_weight_twin.h) and the CPU's fused
+// decoding step (fast_weight_step.h). Autograd lives in fairseq_fwp/ops/cuda.py.
 // ATen and pybind11 with torch's tensor casters: all this file uses of torch/extension.h, which takes the
 // compiler about twice as long (54 s against 30 s on one core).
 #include <ATen/ATen.h>
