@@ -8,6 +8,7 @@ backend="cuda" (fairseq_fwp/ops/cuda.py).
 """
 import importlib.util
 import os
+import shutil
 
 from setuptools import find_packages, setup
 
@@ -33,12 +34,19 @@ def extension_modules():
         if switch == "1":
             raise SystemExit("FAIRSEQ_FWP_BUILD_EXT=1 needs torch installed first (pip install torch)")
         return [], {}
+    csrc_sources = _csrc_sources()
+    # nvcc on PATH may be a wrapper script, from whose folder torch guesses a toolkit without its headers:
+    # take the toolkit nvcc itself reports, where the user has not named one.
+    nvcc = shutil.which("nvcc")
+    if torch.version.cuda is not None and nvcc and not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
+        root = csrc_sources.toolkit_of(nvcc)
+        if root is not None:
+            os.environ["CUDA_HOME"] = cpp_extension.CUDA_HOME = root
     # CUDA kernels need a target: the GPUs in sight, or TORCH_CUDA_ARCH_LIST on a build machine without one.
     with_cuda = (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
                  and (torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))))
     if switch == "auto" and not with_cuda:
         return [], {}
-    csrc_sources = _csrc_sources()
     sources = csrc_sources.source_files(with_cuda, "csrc")
     digest = csrc_sources.sources_digest()  # the extension says which sources it was built from
     flags = {"cxx": ["-O3", "-std=c++17", f'-DFWP_SOURCES_DIGEST="{digest}"']}

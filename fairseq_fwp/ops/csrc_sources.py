@@ -1,8 +1,10 @@
 """Where the csrc/ sources are, and a digest of them: what names a build of the extension (ops/cuda.py's JIT
-build, setup.py's prebuilt one), so that a build of other sources is never loaded for these. Plain Python:
-setup.py reads it before anything is installed."""
+build, setup.py's prebuilt one), so that a build of other sources is never loaded for these; and where nvcc's
+CUDA toolkit is, for either build. Plain Python: setup.py reads it before anything is installed."""
 import hashlib
 import os
+import re
+import subprocess
 
 CSRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
 CUDA_SOURCES = ("fast_weight_cuda.cu", "fast_weight_step_cuda.cu")  # the kernels; beside the torch glue
@@ -23,3 +25,21 @@ def sources_digest():
         with open(os.path.join(CSRC_DIR, name), "rb") as f:
             digest.update(name.encode() + f.read())
     return digest.hexdigest()[:10]
+
+
+def toolkit_of(nvcc):
+    """The CUDA toolkit folder of the nvcc at path `nvcc`, as nvcc itself reports it, or None.
+
+    nvcc on PATH may be a wrapper script (``exec /usr/local/cuda-13.0/bin/nvcc "$@"`` in
+    /usr/local/bin), from which torch would take /usr/local for the toolkit and miss its headers.
+    """
+    try:
+        proc = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"^#\$ _HERE_=(.+)$", proc.stdout + proc.stderr, re.MULTILINE)
+    if not match:
+        return None
+    root = os.path.dirname(match.group(1).strip())
+    return root if os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")) else None

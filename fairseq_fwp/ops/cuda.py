@@ -19,13 +19,11 @@ chunk's checkpoint.
 """
 import logging
 import os
-import re
 import shutil
-import subprocess
 
 import torch
 
-from .csrc_sources import CSRC_DIR, source_files, sources_digest
+from .csrc_sources import CSRC_DIR, source_files, sources_digest, toolkit_of
 from .errors import BackendUnavailableError
 from .protocol import Backend, Kernel
 
@@ -49,24 +47,6 @@ def _ensure_ninja_on_path():
         return
     if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-def toolkit_of(nvcc):
-    """The CUDA toolkit folder of the nvcc at path `nvcc`, as nvcc itself reports it, or None.
-
-    nvcc on PATH may be a wrapper script (``exec /usr/local/cuda-13.0/bin/nvcc "$@"`` in
-    /usr/local/bin), from which torch would take /usr/local for the toolkit and miss its headers.
-    """
-    try:
-        proc = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
-                              timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = re.search(r"^#\$ _HERE_=(.+)$", proc.stdout + proc.stderr, re.MULTILINE)
-    if not match:
-        return None
-    root = os.path.dirname(match.group(1).strip())
-    return root if os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")) else None
 
 
 def _locate_cuda_toolkit(cpp_extension):
