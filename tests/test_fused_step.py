@@ -113,12 +113,22 @@ def test_each_phase_of_the_step_has_independent_items(feature_map, map_flags, ru
 
 
 @pytest.mark.parametrize("feature_map, flags", MAPS)
-def test_each_phase_of_the_read_has_independent_items(feature_map, flags, request):
+def test_each_phase_of_the_read_has_independent_items(feature_map, flags, fused_reads, request):
     """Sources of 5 to 9 tokens: memories held as their factors."""
     model, d = build_translation_model("--fwp-feature-map", feature_map, *flags)
     in_order = full_and_stepwise_decoder_outputs(model, d)[1]
     request.getfixturevalue("items_reversed")
     assert torch.equal(full_and_stepwise_decoder_outputs(model, d)[1], in_order)
+    assert len(fused_reads) == 2 * 2 * 6  # twice: two decoder layers, the steps after the first (which builds them)
+
+
+@pytest.fixture
+def fused_reads(monkeypatch):
+    """[the attention of each fused read of a source memory]"""
+    reads = []
+    read = FusedStep.read
+    monkeypatch.setattr(FusedStep, "read", lambda self, *args: reads.append(self) or read(self, *args))
+    return reads
 
 
 @pytest.fixture
@@ -161,15 +171,12 @@ def test_the_encoder_decoder_attentions_fused_read_is_the_full_forwards(feature_
 
 
 @pytest.mark.parametrize("feature_map, flags", MAPS)
-def test_gpu_the_encoder_decoder_attentions_fused_read_is_the_full_forwards(feature_map, flags, monkeypatch):
+def test_gpu_the_encoder_decoder_attentions_fused_read_is_the_full_forwards(feature_map, flags, fused_reads):
     """On the GPU, the full forward with --fwp-backend auto's kernels (fla's, where they run)."""
-    reads = []
-    read = FusedStep.read
-    monkeypatch.setattr(FusedStep, "read", lambda self, *args: reads.append(self) or read(self, *args))
     model, d = build_translation_model("--fwp-feature-map", feature_map, *flags)
     full, steps = full_and_stepwise_decoder_outputs(model.cuda(), d, "cuda")
     assert ((steps - full).abs().max() / full.abs().max()).item() < 1e-4
-    assert len(reads) == 2 * 40  # two decoder layers, forty steps
+    assert len(fused_reads) == 2 * 39  # two decoder layers, the steps after the first (which builds the memories)
 
 
 def test_a_users_map_and_rule_keep_their_own_steps():
