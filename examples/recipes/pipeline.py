@@ -24,9 +24,12 @@ def preprocess_lm(raw_dir, dest):
             "--destdir", dest, "--workers", 1)
 
 
+# --num-workers 0: batches load in the training process. With fairseq's default (a loader process per
+# iterator), every epoch's end waited about 5 s for the finished loaders to shut down: on these small
+# corpora, a 12-update run of three epochs took 17.5 s instead of 2.5 s.
 COMMON_TRAIN = ["--user-dir", PLUGIN_DIR, "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
                 "--lr-scheduler", "inverse_sqrt", "--log-format", "simple", "--log-interval", 1,
-                "--no-epoch-checkpoints", "--seed", 1]
+                "--no-epoch-checkpoints", "--seed", 1, "--num-workers", 0]
 
 
 def train_translation(data, save_dir, *flags, max_update=6, lr=0.002, warmup=50, **run):
