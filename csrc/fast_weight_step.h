@@ -74,7 +74,7 @@ inline FWP_HOST_DEVICE int64_t step_scratch(const StepSizes& s, int64_t slots) {
 inline FWP_HOST_DEVICE int64_t read_scratch(const StepSizes& s, int64_t slots) { return s.D + 2 * s.d + slots; }
 
 template <typename T>
-FWP_HOST_DEVICE T larger(T a, T b) {
+FWP_STEP T larger(T a, T b) {
   return a > b ? a : b;
 }
 // exp and sqrt in T's own precision (an unqualified call on a float would find C's double one).
@@ -299,15 +299,15 @@ FWP_STEP void fused_read(const Team& team, const StepOptions& o, const StepSizes
 }
 
 // Calls f(memory) with the memory of index `which`: DenseMemory where tensors.W is given, else FactoredMemory
-// of t tokens (scores: scratch of slots).
+// of x.t tokens (scores: scratch of slots).
 template <typename T, typename F>
-FWP_STEP void with_memory(const StepTensors& x, const StepSizes& s, int64_t which, int64_t t, T* scores, F f) {
+FWP_STEP void with_memory(const StepTensors& x, const StepSizes& s, int64_t which, T* scores, F f) {
   if (x.W != nullptr) {
     DenseMemory<T> memory{static_cast<T*>(x.W) + which * s.dv * s.D, s.D, s.dv};
     f(memory);
   } else {
     FactoredMemory<T> memory{static_cast<T*>(x.keys) + which * x.slots * s.D,
-                             static_cast<T*>(x.writes) + which * x.slots * s.dv, t, s.D, s.dv, scores};
+                             static_cast<T*>(x.writes) + which * x.slots * s.dv, x.t, s.D, s.dv, scores};
     f(memory);
   }
 }
@@ -321,7 +321,7 @@ FWP_STEP const T* slice(const void* base, int64_t i, int64_t size) {
 template <typename T, typename Team>
 FWP_STEP void step_of(const Team& team, const StepOptions& o, const StepSizes& s, const StepTensors& x, int64_t i,
                       T* scratch) {
-  with_memory<T>(x, s, i, x.t, scratch + step_scratch(s, 0), [&](auto& memory) {
+  with_memory<T>(x, s, i, scratch + step_scratch(s, 0), [&](auto& memory) {
     fused_step(team, o, s, slice<T>(x.q, i, s.d), slice<T>(x.k, i, x.N * s.d), slice<T>(x.v, i, x.N * s.dv),
                slice<T>(x.beta, i, x.beta_size), slice<T>(x.log_decay, i, x.decay_size), memory,
                x.z == nullptr ? nullptr : static_cast<T*>(x.z) + i * s.D, static_cast<T*>(x.out) + i * s.dv,
@@ -334,7 +334,7 @@ template <typename T, typename Team>
 FWP_STEP void read_of(const Team& team, const StepOptions& o, const StepSizes& s, const StepTensors& x, int64_t i,
                       T* scratch) {
   const int64_t source = (i / x.heads) / x.rows_per_memory * x.heads + i % x.heads;  // (its memory's row, head)
-  with_memory<T>(x, s, source, x.t, scratch + read_scratch(s, 0), [&](const auto& memory) {
+  with_memory<T>(x, s, source, scratch + read_scratch(s, 0), [&](const auto& memory) {
     fused_read(team, o, s, slice<T>(x.q, i, s.d), memory, slice<T>(x.z, source, s.D),
                static_cast<T*>(x.out) + i * s.dv, scratch);
   });

@@ -241,10 +241,10 @@ class Memory:
             self.hold_(self.fast_weight.index_select(0, index))
 
     def _next_storage(self, rows, H, t, D, Dv, like, room):
-        """[rows, H, t, D] and [rows, H, t, Dv] views of the storage the factors are not in now (made, in
-        the dtypes and device of `like` (keys', writes'), for `room` tokens, where there is none large enough). Writing into memory
-        kept from the step before is several times faster on CPUs than into fresh memory, and the factors stay
-        contiguous for reads."""
+        """[rows, H, t, D] and [rows, H, t, Dv] views of the storage the factors are not in now (made, in the
+        dtypes and device of `like` (keys', writes'), for `room` tokens, where there is none large enough).
+        Writing into memory kept from the step before is several times faster on CPUs than into fresh memory,
+        and the factors stay contiguous for reads."""
         current = self._keys.data_ptr() if self._keys is not None and self._storages else None
         pairs = [pair for pair in self._storages if pair[0].data_ptr() != current]
         pair = pairs[0] if pairs else None
