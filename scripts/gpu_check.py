@@ -46,8 +46,9 @@ import torch  # noqa: E402
 PRECISIONS = ("--fp16", "--bf16", "--amp")
 # Seconds per part on a GPU machine: with the install (about 30 s), the check ends within its default
 # budget of 360 s (GPU_CHECK_BUDGET, gpu_check.sh).
-LIMITS = {"tests": 130, "train-step": 100, "benchmark": 55, "training": 55}
-TRAIN_STEP_ROWS = "fairseq-softmax,linear-delta,gated-deltanet"
+LIMITS = {"tests": 130, "benchmark": 55, "training": 55, "train-step": 150, "profile": 45}
+TRAIN_STEP_ROWS = "all"  # or a comma-separated subset of examples/speed/train_step.py's rows
+PROFILE_ROWS = ("fairseq-softmax", "linear-delta")  # the profile part: one step of each at T = 2048
 HOW_TO_READ = ("How to read this report: every part ends with one of passed, FAILED, skipped (with the reason) "
                "or stopped at its time limit (it ran out of time; that is not a failure of what it checks). "
                "A FAILED part lists each failing test or training with the first lines of its message; "
@@ -148,14 +149,26 @@ def part_tests(section, args):
 
 
 def part_train_step(section, args):
-    argv = [sys.executable, os.path.join(ROOT, "examples", "speed", "train_step.py"), "--rows",
-            *args.train_step_rows.split(","), "--row-limit", str(args.row_limit)]
+    rows = [] if args.train_step_rows == "all" else ["--rows", *args.train_step_rows.split(",")]
+    argv = [sys.executable, os.path.join(ROOT, "examples", "speed", "train_step.py"), *rows,
+            "--row-limit", str(args.row_limit)]
     if not cuda():
         argv += ["--tiny", "--device", "cpu"]
     code = stream(section, argv)
     rows = [line for line in section.lines if line.startswith("| ") and "tokens/s" not in line]
     ran = [row for row in rows if re.match(r"\| \d+ \| \S+ \| [\d,]+ \|", row)]
     return code == 0 and len(ran) == len(rows), [f"the training-step benchmark above ({len(ran)} rows)"] if cuda() and ran else []
+
+
+def part_profile(section, args):
+    """One training step of each of PROFILE_ROWS at T = 2048 under torch.profiler: the ops that took the most
+    GPU time (train_step.py --profile)."""
+    argv = [sys.executable, os.path.join(ROOT, "examples", "speed", "train_step.py"), "--rows", *PROFILE_ROWS,
+            "--steps", "2", "--profile", "25", "--row-limit", str(args.row_limit)]
+    argv += ["--lengths", "2048"] if cuda() else ["--tiny", "--device", "cpu", "--lengths", "64"]
+    code = stream(section, argv)
+    profiled = sum(line.startswith("### Profile") for line in section.lines)
+    return code == 0 and profiled == len(PROFILE_ROWS), [f"the profile above ({profiled} rows)"] if cuda() and profiled else []
 
 
 def part_benchmark(section, args):
@@ -239,8 +252,10 @@ def part_training(section, args):
     return ok, on_gpu
 
 
-PARTS = {"tests": ("GPU tests", part_tests), "train-step": ("Training steps, GPT-2 small", part_train_step),
-         "benchmark": ("Op benchmark", part_benchmark), "training": ("fairseq-train in half precision", part_training)}
+PARTS = {"tests": ("GPU tests", part_tests), "benchmark": ("Op benchmark", part_benchmark),
+         "training": ("fairseq-train in half precision", part_training),
+         "train-step": ("Training steps, GPT-2 small", part_train_step),
+         "profile": ("Profile of one training step, T = 2048", part_profile)}
 OUTCOMES = {True: "passed", False: "FAILED", None: "skipped"}
 
 
@@ -348,7 +363,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--updates", type=int, default=30, help="updates of each half-precision training")
     parser.add_argument("--train-step-rows", default=TRAIN_STEP_ROWS,
-                        help="comma-separated rows of examples/speed/train_step.py for the train-step part")
+                        help="'all', or comma-separated rows of examples/speed/train_step.py, for the train-step part")
     parser.add_argument("--row-limit", type=float, default=40, help="seconds per row of the train-step part")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset to run, in this order")
     parser.add_argument("--report-dir", default=os.path.join(ROOT, "docs"))

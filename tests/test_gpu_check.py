@@ -82,8 +82,8 @@ def test_dry_run_runs_every_part_and_reports(tmp_path):
     text = report.read_text()
     assert report.name.endswith("_dry_run.md") and text.startswith("How to read this report")
     sections = [line for line in text.splitlines() if line.startswith("## ")]
-    assert sections == ["## What ran on the GPU", "## GPU tests", "## Training steps, GPT-2 small", "## Op benchmark",
-                        "## fairseq-train in half precision", "## Outcome"]
+    assert sections == ["## What ran on the GPU", "## GPU tests", "## Op benchmark", "## fairseq-train in half precision",
+                        "## Training steps, GPT-2 small", "## Profile of one training step, T = 2048", "## Outcome"]
     assert re.search(r"\| test_fla\.py \| 0 \| 0 \| [1-9]\d* \|", text)  # its GPU tests only, skipped here
     assert re.search(r"\| 64 \| linear-delta \| [\d,]+ \| [\d.]+x \|", text)
     bf16_rows = [line for line in text.splitlines() if "| --bf16 | chunked |" in line]
@@ -91,7 +91,10 @@ def test_dry_run_runs_every_part_and_reports(tmp_path):
     assert any("| fairseq-train |" in row for row in bf16_rows)
     assert any("| python -m fairseq_cli.train |" in row for row in bf16_rows)
     assert text.count("skipped: needs CUDA") == 5  # four fp16/amp trainings and the benchmark
-    for part in ("tests: skipped", "train-step: passed", "benchmark: skipped", "training: passed"):
+    for row in ("fairseq-softmax", "linear-delta"):  # the profile part's rows, each with its costliest ops
+        assert re.search(rf"### Profile: {row}, T = 64: one step, [\d.]+ ms of CPU time.*\n\n\| op \| calls \| ms \| "
+                         rf"share \|\n\|---\|---\|---\|---\|\n(\| `.+` \| \d+ \| [\d.]+ \| [\d.]+% \|\n){{25}}", text)
+    for part in ("tests: skipped", "train-step: passed", "benchmark: skipped", "training: passed", "profile: passed"):
         assert f"- {part} (" in text
     assert "nothing: there is no GPU here" in text
 

@@ -20,5 +20,17 @@ def test_every_row_trains_at_the_tiny_shape(row):
 
 
 def test_a_row_past_its_time_limit_is_reported_as_stopped():
-    result = train_step.run_in_child("linear-delta", "tiny", 64, 2, "cpu", limit=0.5)
-    assert result == {"stopped": "stopped at its time limit (0 s)"}
+    results = dict(train_step.run_in_child("linear-delta", "tiny", [64, 256], 2, "cpu", limit=0.5))
+    assert results == {64: {"stopped": "stopped at its time limit (0 s)"},
+                       256: {"stopped": "stopped at its time limit (0 s)"}}
+
+
+def test_a_child_runs_each_length_and_profiles_a_step():
+    results = list(train_step.run_in_child("linear-delta", "tiny", [32, 64], 1, "cpu", limit=120, profile_ops=3))
+    assert [length for length, _ in results] == [32, 64]
+    for _, result in results:
+        assert result["backends"] == ["chunked"]
+        profile = result["profile"]
+        assert len(profile["ops"]) == 3 and profile["device_ms"] > 0
+        shares = [share for _, _, _, share in profile["ops"]]
+        assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1

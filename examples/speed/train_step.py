@@ -6,11 +6,13 @@
 
 Every row is one model at one length, built as fairseq-train builds it (random weights, fairseq's own
 argument parsing), and trained for --steps steps on random tokens: bf16 autocast, AdamW (fused on a GPU),
-the next-token cross-entropy. Each row runs in a process of its own under --row-limit seconds (a row past
-it is reported as stopped) and is printed as it finishes: tokens per second over the timed steps, the
-ratio to fairseq's transformer_lm at the same length in this run, peak memory (torch's peak allocation on
-a GPU, the growth of the process's resident set on the CPU), the first step's time (Triton's compile and
-autotune happen there) against a later step's, and the backend that --fwp-backend auto ran.
+the next-token cross-entropy. Each row runs its lengths in a process of its own under --row-limit seconds
+(a length past it is reported as stopped), each printed as it finishes: tokens per second over the timed
+steps, the ratio to fairseq's transformer_lm at the same length in this run, peak memory (torch's peak
+allocation on a GPU, the growth of the process's resident set on the CPU), the first step's time (Triton's
+compile and autotune happen in the row's first length) against a later step's, and the backend that
+--fwp-backend auto ran. --profile N adds, per row and length, the N ops that took the most GPU time in one
+more step (torch.profiler), printed after the table.
 """
 import argparse
 import datetime
@@ -22,6 +24,8 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import torch
@@ -69,8 +73,9 @@ class BackendsSeen(logging.Handler):
             self.names.append(name)
 
 
-def run_row(row, shape, length, steps, device):
-    """One row in this process: {tokens_per_s, peak_mb, first_step_s, step_s, backends}."""
+def run_row(row, shape, length, steps, device, profile_ops=0):
+    """One row at one length in this process: {tokens_per_s, peak_mb, first_step_s, step_s, backends}, and
+    with profile_ops > 0 the profile of one more step (profiled_step)."""
     from examples.recipes.decoding_cost import build_random_model, numbered_dictionary
 
     arch, flags = ROWS[row]
@@ -96,6 +101,7 @@ def run_row(row, shape, length, steps, device):
         synchronize()
 
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
@@ -106,8 +112,37 @@ def run_row(row, shape, length, steps, device):
     peak = (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda"
             else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024)
     later = times[1:]
-    return {"tokens_per_s": tokens_per_step * len(later) / sum(later), "peak_mb": peak, "first_step_s": times[0],
-            "step_s": statistics.median(later), "backends": seen.names or ["softmax attention"]}
+    result = {"tokens_per_s": tokens_per_step * len(later) / sum(later), "peak_mb": peak, "first_step_s": times[0],
+              "step_s": statistics.median(later), "backends": seen.names or ["softmax attention"]}
+    if profile_ops:
+        result["profile"] = profiled_step(step, device, profile_ops)
+    logging.getLogger("fairseq_fwp.backend").removeHandler(seen)
+    return result
+
+
+def profiled_step(step, device, top):
+    """One more step under torch.profiler: {"device_ms": the time of every op on the device (the CPU's, on a
+    CPU), "wall_ms", "ops": the `top` ops by their own time there, [name, calls, ms, share of device_ms]}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        step()
+        wall = time.perf_counter() - start
+    own = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, own) > 0]
+    total = sum(getattr(e, own) for e in events)  # microseconds
+    events.sort(key=lambda e: getattr(e, own), reverse=True)
+    return {"device_ms": total / 1e3, "wall_ms": 1e3 * wall,
+            "ops": [[e.key, e.count, getattr(e, own) / 1e3, getattr(e, own) / total] for e in events[:top]]}
+
+
+def run_lengths(row, shape, lengths, steps, device, profile_ops):
+    """The child's work: each length of the row in turn, one JSON line each as it finishes (a later length
+    reuses the kernels the first compiled and autotuned)."""
+    for length in lengths:
+        print(json.dumps({"length": length, **run_row(row, shape, length, steps, device, profile_ops)}), flush=True)
 
 
 def describe_machine(device):
@@ -121,17 +156,31 @@ def describe_machine(device):
             f"{datetime.date.today().isoformat()}")
 
 
-def run_in_child(row, shape, length, steps, device, limit):
-    """The row in a child process under `limit` seconds: its result, or {"stopped": why}."""
-    argv = [sys.executable, os.path.abspath(__file__), "--case", json.dumps([row, shape, length, steps, device])]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"stopped": f"stopped at its time limit ({limit:.0f} s)"}
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return {"stopped": f"failed: {lines[-1][:200] if lines else f'exit status {proc.returncode}'}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def run_in_child(row, shape, lengths, steps, device, limit, profile_ops=0):
+    """The row's lengths in one child process under `limit` seconds in all: {length: its result, or
+    {"stopped": why}}, each yielded as (length, result) the moment it is known."""
+    argv = [sys.executable, os.path.abspath(__file__), "--case",
+            json.dumps([row, shape, list(lengths), steps, device, profile_ops])]
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT)
+        timer = threading.Timer(limit, proc.kill)
+        timer.start()
+        done = []
+        for line in proc.stdout:
+            if line.startswith("{"):
+                result = json.loads(line)
+                done.append(result.pop("length"))
+                yield done[-1], result
+        code = proc.wait()
+        timed_out = not timer.is_alive()
+        timer.cancel()
+        errors.seek(0)
+        lines = errors.read().strip().splitlines()
+    why = (f"stopped at its time limit ({limit:.0f} s)" if timed_out else
+           f"failed: {lines[-1][:200] if lines else f'exit status {code}'}")
+    for length in lengths:
+        if length not in done:
+            yield length, {"stopped": why}
 
 
 def main(argv=None):
@@ -141,15 +190,17 @@ def main(argv=None):
                         help=f"rows to run, in this order ({BASELINE!r} is the baseline of every ratio)")
     parser.add_argument("--lengths", type=int, nargs="+", help="sequence lengths (default: the shape's)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per row, after the first")
-    parser.add_argument("--row-limit", type=float, default=300, help="seconds per row, in a process of its own")
+    parser.add_argument("--row-limit", type=float, default=300,
+                        help="seconds per row (all its lengths), in a process of its own")
     parser.add_argument("--deadline", type=float, help="Unix time by which every row has ended")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after each row's timed steps, profile one more step and print its N costliest ops")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:
-        row, shape, length, steps, device = json.loads(args.case)
-        print(json.dumps(run_row(row, shape, length, steps, torch.device(device))))
-        return
+        row, shape, lengths, steps, device, profile_ops = json.loads(args.case)
+        return run_lengths(row, shape, lengths, steps, torch.device(device), profile_ops)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to torch (--tiny runs on the CPU)")
     shape = "tiny" if args.tiny else "gpt2-small"
@@ -157,17 +208,18 @@ def main(argv=None):
     lengths = args.lengths or lengths
     print(f"# training steps, {layers} layers, d {dim}, {heads} heads of {dim // heads}, FFN {ffn}, vocabulary "
           f"{vocabulary}, {tokens_per_step} tokens a step, bf16 autocast, AdamW; {args.steps} timed steps after the "
-          f"first; {describe_machine(torch.device(args.device))}")
+          f"first (a row's later lengths run in the process of its first, with its compiled kernels); "
+          f"{describe_machine(torch.device(args.device))}")
     print(f"| T | row | tokens/s | vs {BASELINE} | peak memory (MiB) | first step (s) | later steps (s) | auto runs |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
-    baseline = {}
-    for row in args.rows:  # a row's lengths one after the other: the second reuses the first's compiled kernels
-        for length in lengths:
-            limit = args.row_limit if args.deadline is None else min(args.row_limit, args.deadline - time.time())
-            if limit < 1:
+    baseline, profiles = {}, []
+    for row in args.rows:
+        limit = args.row_limit if args.deadline is None else min(args.row_limit, args.deadline - time.time())
+        if limit < 1:
+            for length in lengths:
                 print(f"| {length} | {row} | not run: no time left before the deadline | | | | | |", flush=True)
-                continue
-            result = run_in_child(row, shape, length, args.steps, args.device, limit)
+            continue
+        for length, result in run_in_child(row, shape, lengths, args.steps, args.device, limit, args.profile):
             if "stopped" in result:
                 print(f"| {length} | {row} | {result['stopped']} | | | | | |", flush=True)
                 continue
@@ -177,6 +229,15 @@ def main(argv=None):
             print(f"| {length} | {row} | {result['tokens_per_s']:,.0f} | {ratio} | {result['peak_mb']:,.0f} | "
                   f"{result['first_step_s']:.2f} | {result['step_s']:.3f} | {', '.join(result['backends'])} |",
                   flush=True)
+            if "profile" in result:
+                profiles.append((row, length, result["profile"]))
+    for row, length, profile in profiles:
+        print(f"\n### Profile: {row}, T = {length}: one step, {profile['device_ms']:.1f} ms of "
+              f"{'GPU' if args.device == 'cuda' else 'CPU'} time in all ops, {profile['wall_ms']:.1f} ms wall\n")
+        print("| op | calls | ms | share |\n|---|---|---|---|")
+        for name, calls, ms, share in profile["ops"]:
+            print(f"| `{name[:90]}` | {calls} | {ms:.2f} | {100 * share:.1f}% |")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
