@@ -46,7 +46,8 @@ import torch  # noqa: E402
 PRECISIONS = ("--fp16", "--bf16", "--amp")
 # Seconds per part on a GPU machine: with the install (about 30 s), the check ends within its default
 # budget of 360 s (GPU_CHECK_BUDGET, gpu_check.sh).
-LIMITS = {"tests": 130, "benchmark": 55, "training": 55, "train-step": 150, "profile": 45}
+LIMITS = {"tests": 130, "benchmark": 40, "training": 55, "train-step": 150, "profile": 45,
+          "warm-up": 150}  # the warm-up runs beside the parts before train-step (start_warm_up)
 TRAIN_STEP_ROWS = "all"  # or a comma-separated subset of examples/speed/train_step.py's rows
 PROFILE_ROWS = ("fairseq-softmax", "linear-delta")  # the profile part: one step of each at T = 2048
 HOW_TO_READ = ("How to read this report: every part ends with one of passed, FAILED, skipped (with the reason) "
@@ -121,7 +122,7 @@ def gpu_test_files():
 
 
 def part_tests(section, args):
-    files = gpu_test_files()
+    files = args.tests.split(",") if args.tests else gpu_test_files()
     header = (f"The GPU tests (`pytest -m gpu`: the tests named test_gpu_*, marked gpu by tests/conftest.py) of "
               f"{', '.join(files)}; they skip without CUDA. Outcomes as pytest reports them.")
     argv = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "gpu_check_plugin", "-p", "no:cacheprovider",
@@ -175,13 +176,44 @@ def part_benchmark(section, args):
     if not cuda():
         section.add("skipped: needs CUDA")
         return None, []
-    code = stream(section, [sys.executable, os.path.join(ROOT, "examples", "speed", "op_benchmark.py"), "--device",
-                            "cuda", "--quick"])
     # a decoding step, fused (the extension's CUDA kernel) and each rule's own, against softmax attention's
     step = stream(section, [sys.executable, os.path.join(ROOT, "examples", "speed", "layer_step.py"), "--device",
                             "cuda"])
+    section.add("")
+    code = stream(section, [sys.executable, os.path.join(ROOT, "examples", "speed", "op_benchmark.py"), "--device",
+                            "cuda", "--quick"])
     ran = ["the op benchmark above"] * (code == 0) + ["the decoding step above"] * (step == 0)
     return code == 0 and step == 0, ran
+
+
+def start_warm_up(parts, args):
+    """On a GPU, where train-step or profile will run: train_step.py --warm-up of their fast-weight rows, in
+    the background from the start (beside the tests), so that their Triton kernels compile on several cores
+    at once instead of one row at a time inside the rows' limits. Returns (the process, its output file), or
+    None."""
+    if not cuda() or not {"train-step", "profile"} & set(parts):
+        return None
+    from examples.speed.train_step import ROWS
+
+    rows = list(ROWS) if args.train_step_rows == "all" else args.train_step_rows.split(",")
+    rows = [row for row in dict.fromkeys(rows + list(PROFILE_ROWS)) if "softmax" not in row]
+    output = tempfile.NamedTemporaryFile("w+", suffix=".warm-up")
+    argv = [sys.executable, os.path.join(ROOT, "examples", "speed", "train_step.py"), "--warm-up", "--rows", *rows,
+            "--row-limit", str(LIMITS["warm-up"])]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT), output
+
+
+def finish_warm_up(warm, deadline):
+    """Waits for the warm-up (until the deadline at most); returns what it said."""
+    process, output = warm
+    try:
+        process.wait(timeout=max(1.0, deadline - time.time() - 30))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return "stopped before the deadline"
+    output.seek(0)
+    lines = output.read().strip().splitlines()
+    return lines[-1][:500] if lines else f"exit status {process.returncode}"
 
 
 # -- training --------------------------------------------------------------------------
@@ -313,6 +345,7 @@ def run_part(part, limit, report, args, tmp):
     path = os.path.join(tmp, part + ".md")
     argv = [sys.executable, os.path.abspath(__file__), "--child", part, "--section", path, "--updates",
             str(args.updates), "--train-step-rows", args.train_step_rows, "--row-limit", str(args.row_limit)]
+    argv += ["--tests", args.tests] if args.tests else []
     start, cached = time.time(), triton_cache_entries()
     child = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)  # its own group: stopped with its children
     stopped, first_row = False, None
@@ -365,6 +398,8 @@ def main(argv=None):
     parser.add_argument("--train-step-rows", default=TRAIN_STEP_ROWS,
                         help="'all', or comma-separated rows of examples/speed/train_step.py, for the train-step part")
     parser.add_argument("--row-limit", type=float, default=40, help="seconds per row of the train-step part")
+    parser.add_argument("--tests", help="comma-separated test files for the tests part (default: every file with "
+                                        "GPU tests)")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset to run, in this order")
     parser.add_argument("--report-dir", default=os.path.join(ROOT, "docs"))
     parser.add_argument("--report-name", default=None, help="default: gpu_check_<date>[_dry_run].md")
@@ -393,14 +428,21 @@ def main(argv=None):
     report.write()
     deadline = args.deadline or math.inf
     outcomes = []
+    warm = start_warm_up(parts, args)
     with tempfile.TemporaryDirectory() as tmp:
         for part in parts:
+            if part in ("train-step", "profile") and warm is not None:
+                report.outcomes["warm-up"] = finish_warm_up(warm, deadline)
+                report.write()
+                warm = None
             limit = min(LIMITS[part] * args.time_scale, deadline - time.time() - 5)
             if limit < 10:
                 report.outcomes[part] = "not run: no time left before the deadline"
                 report.write()
                 continue
             outcomes.append(run_part(part, limit, report, args, tmp))
+    if warm is not None:
+        warm[0].kill()
     report.outcomes["all parts"] = f"{time.time() - start:.0f} s" + (
         f"; the whole check {time.time() - args.started:.0f} s" if args.started else "")
     report.write()

@@ -11,9 +11,6 @@
 # GPU_CHECK_BUDGET seconds (default 360) from this script's start, with one Triton cache folder for
 # all of them, and the report (docs/gpu_check_<date>.md, and a copy into $OUT) is rewritten as each
 # part goes. scripts/gpu_rehearsal.sh runs this on a CPU machine with the GPU image's software (a dry run).
-# What the check compiled (Triton's kernels and autotuning results, the csrc extension's JIT build) goes
-# into $OUT/gpu_cache.tar.gz at the end; carried back as .gpu_cache/gpu_cache.tar.gz (carry=[".whl",
-# ".gpu_cache"]), a later check on a fresh machine of the same kind starts from it.
 set -euo pipefail
 started=$(date +%s)
 deadline=$(( started + ${GPU_CHECK_BUDGET:-480} ))
@@ -24,17 +21,6 @@ work=${GPU_CHECK_WORK:-/tmp/fairseq_fwp_gpu_check}
 rm -rf "$work" && mkdir -p "$work/site" "$work/bin" "$work/triton-cache" "$work/torch-extensions"
 export TRITON_CACHE_DIR="$work/triton-cache"  # one folder for every part: a part finds what an earlier one compiled
 export TORCH_EXTENSIONS_DIR="$work/torch-extensions"
-if [[ -f .gpu_cache/gpu_cache.tar.gz ]]; then
-  tar xzf .gpu_cache/gpu_cache.tar.gz -C "$work" && echo "[gpu check] started from the carried .gpu_cache"
-fi
-pack_cache() {  # at the end, however it ends: what was compiled, for the next check (at most 16 MB come back)
-  [[ -n ${OUT:-} ]] || return 0
-  tar czf "$OUT/gpu_cache.tar.gz" -C "$work" triton-cache torch-extensions 2> /dev/null || true
-  if (( $(stat -c %s "$OUT/gpu_cache.tar.gz" 2> /dev/null || echo 0) > 16000000 )); then
-    tar czf "$OUT/gpu_cache.tar.gz" -C "$work" triton-cache 2> /dev/null || true
-  fi
-}
-trap pack_cache EXIT
 # The csrc extension's JIT build (nvcc, about a minute), beside the install; the GPU tests wait for it
 # (torch's build lock) or, if it failed, build it again and report why.
 if "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2> /dev/null; then
@@ -65,4 +51,4 @@ done
 export FAIRSEQ_BIN="$work/bin"  # where examples.recipes.commands looks for the console scripts
 export PYTHONPATH="$fairseq_src:$work/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-"$PYTHON" scripts/gpu_check.py --started "$started" --deadline "$deadline" "$@"
+exec "$PYTHON" scripts/gpu_check.py --started "$started" --deadline "$deadline" "$@"

@@ -53,9 +53,10 @@ SHAPES = {"gpt2-small": (12, 768, 12, 3072, 32000, (2048, 8192), 32768),
           "tiny": (2, 64, 4, 256, 1000, (64, 256), 1024)}
 
 
-def model_flags(shape, length):
-    layers, dim, heads, ffn, _, _, _ = SHAPES[shape]
-    return ["--decoder-layers", layers, "--decoder-embed-dim", dim, "--decoder-attention-heads", heads,
+def model_flags(shape, length, layers=None):
+    """fairseq's flags for the shape; layers: fewer layers than the shape's (warm_up)."""
+    shape_layers, dim, heads, ffn, _, _, _ = SHAPES[shape]
+    return ["--decoder-layers", layers or shape_layers, "--decoder-embed-dim", dim, "--decoder-attention-heads", heads,
             "--decoder-ffn-embed-dim", ffn, "--activation-fn", "gelu", "--dropout", 0.1, "--attention-dropout", 0.1,
             "--share-decoder-input-output-embed", "--tokens-per-sample", length, "--max-target-positions", length]
 
@@ -73,18 +74,20 @@ class BackendsSeen(logging.Handler):
             self.names.append(name)
 
 
-def run_row(row, shape, length, steps, device, profile_ops=0):
+def run_row(row, shape, length, steps, device, profile_ops=0, small=False):
     """One row at one length in this process: {tokens_per_s, peak_mb, first_step_s, step_s, backends}, and
-    with profile_ops > 0 the profile of one more step (profiled_step)."""
+    with profile_ops > 0 the profile of one more step (profiled_step); small: one layer and a vocabulary of
+    1,000 (the attention's kernels see the same shapes)."""
     from examples.recipes.decoding_cost import build_random_model, numbered_dictionary
 
     arch, flags = ROWS[row]
-    vocabulary, tokens_per_step = SHAPES[shape][4], SHAPES[shape][6]
+    vocabulary, tokens_per_step = (1000 if small else SHAPES[shape][4]), SHAPES[shape][6]
     seen = BackendsSeen()
     logging.getLogger("fairseq_fwp.backend").addHandler(seen)
     logging.getLogger("fairseq_fwp.backend").setLevel(logging.INFO)
     dictionary = numbered_dictionary(vocabulary - 4)  # with fairseq's four special symbols
-    model = build_random_model("language_modeling", arch, model_flags(shape, length) + flags, dictionary).train()
+    model = build_random_model("language_modeling", arch, model_flags(shape, length, 1 if small else None) + flags,
+                               dictionary).train()
     model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     tokens = torch.randint(dictionary.nspecial, len(dictionary), (tokens_per_step // length, length + 1),
@@ -111,7 +114,7 @@ def run_row(row, shape, length, steps, device, profile_ops=0):
         times.append(time.perf_counter() - start)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda"
             else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024)
-    later = times[1:]
+    later = times[1:] or times  # a warm-up (steps = 0) has its first step only
     result = {"tokens_per_s": tokens_per_step * len(later) / sum(later), "peak_mb": peak, "first_step_s": times[0],
               "step_s": statistics.median(later), "backends": seen.names or ["softmax attention"]}
     if profile_ops:
@@ -138,11 +141,12 @@ def profiled_step(step, device, top):
             "ops": [[e.key, e.count, getattr(e, own) / 1e3, getattr(e, own) / total] for e in events[:top]]}
 
 
-def run_lengths(row, shape, lengths, steps, device, profile_ops):
+def run_lengths(row, shape, lengths, steps, device, profile_ops, small=False):
     """The child's work: each length of the row in turn, one JSON line each as it finishes (a later length
     reuses the kernels the first compiled and autotuned)."""
     for length in lengths:
-        print(json.dumps({"length": length, **run_row(row, shape, length, steps, device, profile_ops)}), flush=True)
+        result = run_row(row, shape, length, steps, device, profile_ops, small)
+        print(json.dumps({"length": length, **result}), flush=True)
 
 
 def describe_machine(device):
@@ -154,6 +158,28 @@ def describe_machine(device):
         triton_version = "none"
     return (f"{name}, torch {torch.__version__}, Triton {triton_version}, Python {platform.python_version()}, "
             f"{datetime.date.today().isoformat()}")
+
+
+def warm_up(rows, shape, length, device, limit):
+    """Compiles and autotunes the Triton kernels of `rows` into Triton's cache (a step of a small model each,
+    run_row's small, at the shape's batch and length; fla's autotuning keys have neither T nor the batch), all
+    rows at once, one process each: Triton compiles one kernel at a time per process. Returns {row: seconds,
+    or why it did not end}."""
+    start, children = time.time(), {}
+    for row in rows:
+        case = json.dumps([row, shape, [length], 0, device, 0, True])
+        children[row] = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--case", case], cwd=ROOT,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    results = {}
+    for row, child in children.items():
+        try:
+            _, errors = child.communicate(timeout=max(1.0, start + limit - time.time()))
+            lines = errors.strip().splitlines()
+            results[row] = round(time.time() - start) if child.returncode == 0 else f"failed: {lines[-1][:200]}"
+        except subprocess.TimeoutExpired:
+            child.kill()
+            results[row] = f"stopped at its time limit ({limit:.0f} s)"
+    return results
 
 
 def run_in_child(row, shape, lengths, steps, device, limit, profile_ops=0):
@@ -196,16 +222,22 @@ def main(argv=None):
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after each row's timed steps, profile one more step and print its N costliest ops")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="only compile and autotune the rows' Triton kernels, all rows at once (warm_up)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:
-        row, shape, lengths, steps, device, profile_ops = json.loads(args.case)
-        return run_lengths(row, shape, lengths, steps, torch.device(device), profile_ops)
+        row, shape, lengths, steps, device, profile_ops, *small = json.loads(args.case)
+        return run_lengths(row, shape, lengths, steps, torch.device(device), profile_ops, *small)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to torch (--tiny runs on the CPU)")
     shape = "tiny" if args.tiny else "gpt2-small"
     layers, dim, heads, ffn, vocabulary, lengths, tokens_per_step = SHAPES[shape]
     lengths = args.lengths or lengths
+    if args.warm_up:
+        seconds = warm_up(args.rows, shape, lengths[0], args.device, args.row_limit)
+        print("warm-up (compile and autotune, rows at once): " + ", ".join(f"{r} {s}" for r, s in seconds.items()))
+        return
     print(f"# training steps, {layers} layers, d {dim}, {heads} heads of {dim // heads}, FFN {ffn}, vocabulary "
           f"{vocabulary}, {tokens_per_step} tokens a step, bf16 autocast, AdamW; {args.steps} timed steps after the "
           f"first (a row's later lengths run in the process of its first, with its compiled kernels); "
