@@ -7,22 +7,24 @@ choose the csrc `cuda` backend.
 Parts, in this order; each runs in a child process under its own time limit (shortened to end before
 --deadline), and the report (docs/gpu_check_<date>[_dry_run].md, and a copy in $OUT when that is set)
 is rewritten as each part writes, so a run cut short still reports:
-- tests: the GPU tests (named test_gpu_*: every test that needs CUDA) of the files that have them; each
-  outcome, and each failure with its message, goes into the report as pytest reports it
+- tests: the GPU tests (named test_gpu_*: every test that needs CUDA) of the files that have them (or of
+  --tests); each outcome, and each failure with its message, goes into the report as pytest reports it
   (gpu_check_plugin.py). The CPU tests are CI's;
-- train-step: examples/speed/train_step.py, training steps of a GPT-2-small-sized LM, fairseq's own
-  transformer_lm against the fwp rows of --train-step-rows;
-- benchmark: examples/speed/op_benchmark.py --device cuda --quick, then one decoder layer's decoding step
-  (examples/speed/layer_step.py --device cuda: the fused step's CUDA kernel and each rule's own step against
-  softmax attention's), printed as they run;
+- benchmark: one decoder layer's decoding step (examples/speed/layer_step.py --device cuda: the fused step's
+  CUDA kernel and each rule's own step against softmax attention's), then examples/speed/op_benchmark.py
+  --device cuda --quick, printed as they run;
 - training: fairseq-train of the tiny translation and language models, --updates updates with each
   of --fp16, --bf16 and --amp, loss finite and falling; the translation model is launched as the
-  console script fairseq-train, the language model as `python -m fairseq_cli.train`.
-Every part reports when it wrote its first row, and what Triton's compile and autotune cost it: its first
+  console script fairseq-train, the language model as `python -m fairseq_cli.train`;
+- train-step: examples/speed/train_step.py, training steps of a GPT-2-small-sized LM, fairseq's own
+  transformer_lm against the fwp rows of --train-step-rows;
+- profile: one training step of PROFILE_ROWS at T = 2048 under torch.profiler (train_step.py --profile).
+On a GPU a warm-up compiles the train-step and profile rows' Triton kernels beside the earlier parts
+(start_warm_up). Every part reports when it wrote its first row, and what Triton's compile and autotune cost it: its first
 call against the later ones. One Triton cache folder (TRITON_CACHE_DIR, which gpu_check.sh sets) serves
 the whole check, so a part finds what an earlier one compiled.
-Without CUDA (a dry run, e.g. scripts/gpu_rehearsal.sh) the GPU tests skip, train-step runs its tiny shape
-on the CPU, the benchmark skips, and the trainings use --bf16 on the CPU.
+Without CUDA (a dry run, e.g. scripts/gpu_rehearsal.sh) the GPU tests skip, train-step and profile run their
+tiny shape on the CPU, the benchmark skips, and the trainings use --bf16 on the CPU.
 """
 import argparse
 import datetime
@@ -45,7 +47,7 @@ import torch  # noqa: E402
 
 PRECISIONS = ("--fp16", "--bf16", "--amp")
 # Seconds per part on a GPU machine: with the install (about 30 s), the check ends within its default
-# budget of 360 s (GPU_CHECK_BUDGET, gpu_check.sh).
+# budget of 480 s (GPU_CHECK_BUDGET, gpu_check.sh).
 LIMITS = {"tests": 130, "benchmark": 40, "training": 55, "train-step": 150, "profile": 45,
           "warm-up": 150}  # the warm-up runs beside the parts before train-step (start_warm_up)
 TRAIN_STEP_ROWS = "all"  # or a comma-separated subset of examples/speed/train_step.py's rows
@@ -69,10 +71,15 @@ def versions():
             return f"not available ({type(err).__name__})"
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    # A copied tree can carry an older .git than its files (the device tool's copy did): say when they differ.
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
     device = (f"{torch.cuda.get_device_name()} (compute capability {'.'.join(map(str, torch.cuda.get_device_capability()))})"
               if cuda() else "none (dry run on the CPU)")
     return [("date", datetime.datetime.now().isoformat(timespec="minutes")), ("device", device),
-            ("commit", commit.stdout.strip() or "unknown"), ("python", platform.python_version()),
+            ("commit", (commit.stdout.strip() or "unknown") + (
+                f" with {len(changed.splitlines())} files changed since (the report's tree is not that commit's)"
+                if changed else "")), ("python", platform.python_version()),
             ("torch", torch.__version__), ("CUDA", str(torch.version.cuda)), ("triton", version("triton")),
             ("numpy", version("numpy")), ("fla", version("fla")), ("fairseq", version("fairseq")),
             ("Triton cache", os.environ.get("TRITON_CACHE_DIR", "Triton's default"))]

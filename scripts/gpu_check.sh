@@ -8,7 +8,7 @@
 # no other compiled part of fairseq) and writes fairseq's console scripts, so that fairseq runs both
 # ways users launch it (fairseq-train, and python -m fairseq_cli.train). The csrc extension builds
 # meanwhile, beside the install. Then every part runs under its own time limit, inside
-# GPU_CHECK_BUDGET seconds (default 360) from this script's start, with one Triton cache folder for
+# GPU_CHECK_BUDGET seconds (default 480) from this script's start, with one Triton cache folder for
 # all of them, and the report (docs/gpu_check_<date>.md, and a copy into $OUT) is rewritten as each
 # part goes. scripts/gpu_rehearsal.sh runs this on a CPU machine with the GPU image's software (a dry run).
 set -euo pipefail

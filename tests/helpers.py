@@ -48,11 +48,15 @@ def loss_weights(tensors, generator):
     return [torch.randn(x.shape, generator=generator).to(x.device, x.dtype) for x in tensors]
 
 
-def outputs_and_grads(rule, inputs, backend, seed=1, **gate):
+def outputs_and_grads(rule, inputs, backend, seed=1, rounded_as=None, **gate):
     """{"out", "state", and "d<name>" for every input that needs a gradient}: fresh gradients of a random
-    loss on the output and the final state. gate: decay= or log_decay= (its gradient is "ddecay")."""
+    loss on the output and the final state. gate: decay= or log_decay= (its gradient is "ddecay");
+    rounded_as: the dtypes (of out, of the state) to round the loss weights to first, as another run sees them."""
     out, W = run_op(rule, inputs, backend, **gate)
-    loss = sum((x * w).sum() for x, w in zip((out, W), loss_weights((out, W), torch.Generator().manual_seed(seed))))
+    weights = loss_weights((out, W), torch.Generator().manual_seed(seed))
+    if rounded_as is not None:
+        weights = [w.to(dtype).to(w.dtype) for w, dtype in zip(weights, rounded_as)]
+    loss = sum((x * w).sum() for x, w in zip((out, W), weights))
     names = ["dq", "dk", "dv", "dbeta", "dstate"]
     wrt = {name: x for name, x in zip(names, inputs)
            if x is not None and x.requires_grad and (rule == "delta" or name != "dbeta")}
