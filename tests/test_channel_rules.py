@@ -14,14 +14,19 @@ SHAPES = [(2, 3, 37, 8, 5), (1, 2, 70, 16, 12), (2, 1, 1, 4, 4)]
 
 
 def recurrence(rule, q, k, v, beta, log_decay, W0):
+    """recurrence_of the decay a_t = exp(log a_t), 0 at -inf."""
+    return recurrence_of(rule, q, k, v, beta, log_decay.exp(), W0)
+
+
+def recurrence_of(rule, q, k, v, beta, decay, W0):
     """W [Dv, D] per row and head: W <- W Diag(a_t), then GLA W += v k^T; KDA vbar = W k, W += beta (v - vbar)
-    k^T; GDN-2 vbar = W (b * k), W += (w * v - vbar) k^T; out_t = W q_t. a_t = exp(log a_t), 0 at -inf."""
+    k^T; GDN-2 vbar = W (b * k), W += (w * v - vbar) k^T; out_t = W q_t; the decay a_t a plain multiplier."""
     B, H, T, D = q.shape
     W = q.new_zeros(B, H, v.shape[-1], D) if W0 is None else W0
     outs = []
     for t in range(T):
         qt, kt, vt = q[:, :, t], k[:, :, t], v[:, :, t]
-        W = W * log_decay[:, :, t].exp().unsqueeze(-2)
+        W = W * decay[:, :, t].unsqueeze(-2)
         if rule == "gla":
             u = vt
         elif rule == "kda":
@@ -106,6 +111,52 @@ def test_kda_with_n_writes_per_token_is_deltaproduct_with_a_decay_per_channel():
     torch.testing.assert_close(out, want[:, :, 1::2])
     torch.testing.assert_close(W, W_want)
     torch.testing.assert_close(fast_weight_state("kda-product", k, v, beta, log_decay=log_decay), W_want)
+
+
+def with_small_decays(log_decay, dtype):
+    """log_decay's decays, given as decay= (a leaf), with decays below the exactness threshold of decay.py
+    (sqrt(eps)) in different channels at different steps, some exactly 0, and one step small in every channel."""
+    decay = log_decay.detach().exp().to(dtype)
+    tiny = torch.finfo(dtype).eps ** 0.5 / 3
+    decay[..., 1, 0] = 0
+    decay[..., 3, 1] = 0
+    decay[..., 4, 2] = tiny
+    decay[..., 7, 0] = tiny
+    decay[..., 7, 3] = 0  # two small channels of one step
+    decay[..., 9, :] = tiny  # a step small in every channel
+    decay[..., 11, 1] = 0
+    return decay.requires_grad_()
+
+
+@pytest.mark.parametrize("rule", [*RULES, "kda-product"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_small_decays_in_different_channels_get_exact_gradients(rule, dtype):
+    """decay= with small decays in different channels: the rules whose writes mix channels (KDA, GDN-2) have no
+    channel of their own that such a decay cuts, and still get the gradient of the decay as a plain
+    multiplier (as the float64 recurrence gives it)."""
+    B, H, T, D, Dv, N = 2, 2, 13, 4, 3, 2
+    base = "kda" if rule == "kda-product" else rule
+    q, k, v, beta, log_decay, W0 = (None if x is None else x.detach() for x in make(base, B, H, T * N, D, Dv))
+    if rule == "kda-product":  # N writes per token: each token's keys, values and strengths in a row
+        q, log_decay = q[:, :, :T], log_decay[:, :, :T]
+        k, v, beta = (x.unflatten(2, (T, N)) for x in (k, v, beta))
+    decay = with_small_decays(log_decay, torch.float64)
+    inputs = [None if x is None else x.to(dtype).requires_grad_() for x in (q, k, v, beta, decay, W0)]
+    got = results(rule, inputs, lambda q, k, v, beta, a, W0: fast_weight(rule, q, k, v, beta, W0, decay=a,
+                                                                         backend="chunked"))
+    wide = widened(inputs)
+    if rule == "kda-product":  # KDA over the interleaved writes, the decay at each token's first, the read at its last
+        def run(q, k, v, beta, a, W0):
+            inter = lambda x: x.flatten(2, 3)  # noqa: E731
+            out, W = recurrence_of("kda", inter(torch.stack([torch.zeros_like(q), q], 3)), inter(k), inter(v),
+                                   inter(beta), inter(torch.stack([a, torch.ones_like(a)], 3)), W0)
+            return out[:, :, 1::2], W
+    else:
+        def run(*x):
+            return recurrence_of(rule, *x)
+    want = results(rule, wide, run)
+    errors = relative_errors(got, want)
+    assert max(errors.values()) < (1e-5 if dtype == torch.float32 else 1e-10), errors
 
 
 @pytest.mark.parametrize("rule", RULES)

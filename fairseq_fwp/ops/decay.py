@@ -12,12 +12,17 @@ quotient is 0 / 0, and for small a it loses most digits (the log-domain
 gradient a X comes out of sums of terms of size X, with their rounding
 errors), although the true gradient is finite: <dL/d(a W_{t-1}), W_{t-1}>.
 Below sqrt(eps) of the dtype it is recovered from the op itself, because
-every output is an affine function of each single a_t (a_t only scales
-W_{t-1} before step t writes): with a_t set to 1 and everything else kept,
-the log-domain gradient at t is exactly dL/da_t. Two more passes of the op
-suffice for all small decays, every other one of each row at a time: two
-small decays of one pass are always separated by a small one of the other
-pass, which cuts any product of both to zero, or below sqrt(eps).
+every output is an affine function of each step's decay a_t (a_t only
+scales W_{t-1}, or its key channels, before step t writes): with the small
+decays of one step set to 1 and everything else kept, the log-domain
+gradient there is exactly dL/da_t. One pass of the op can do this for one
+step of each row (batch row and head: they never mix). Steps where every
+channel is small (every small step of a decay per head) are cheaper: two
+passes serve them all, every other one of each row at a time, because two
+of them in one pass are always separated by one of the other pass, which
+cuts any product of both to zero, or below sqrt(eps). A step small in some
+channels only cuts nothing where the rule's writes mix channels (KDA,
+GDN-2: I - beta k k^T), so each such step of a row gets a pass of its own.
 """
 import torch
 
@@ -44,6 +49,18 @@ def _as_tuple(outputs):
     return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
+def _passes(below):
+    """The masks of small decays to set to 1, one pass of the op each: ``below`` is [B, H, T] (a decay per
+    head) or [B, H, T, D] (per key channel)."""
+    per_channel = below.dim() == 4
+    full = below.all(-1) if per_channel else below  # [B, H, T]: steps small in every channel
+    partial = below.any(-1) & ~full if per_channel else torch.zeros_like(below)
+    rank, partial_rank = full.cumsum(2), partial.cumsum(2)  # each row's steps, counted in time order
+    steps = [full & (rank % 2 == 1), full & (rank % 2 == 0)]
+    steps += [partial & (partial_rank == n) for n in range(1, int(partial_rank.max()) + 1)]
+    return [below & (step.unsqueeze(-1) if per_channel else step) for step in steps if step.any()]
+
+
 class _ExactDecayGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, decay, *tensors):
@@ -65,11 +82,7 @@ class _ExactDecayGradient(torch.autograd.Function):
             wrt = [log_decay] + [x for x in inputs if x is not None and x.requires_grad]
             d_log, *d_inputs = torch.autograd.grad(outputs, wrt, grads, allow_unused=True)
             d_decay = torch.where(below, torch.zeros_like(d_log), d_log / decay.masked_fill(below, 1))
-            rank = below.cumsum(2)  # the small decays of each row (and channel), counted in time order
-            for parity in (1, 0):
-                chosen = below & (rank % 2 == parity)
-                if not chosen.any():
-                    continue
+            for chosen in _passes(below):
                 at_one = log_decay.detach().masked_fill(chosen, 0.0).requires_grad_()
                 (d_at_one,) = torch.autograd.grad(
                     _as_tuple(ctx.run(at_one, *[None if x is None else x.detach() for x in inputs])), at_one, grads)
