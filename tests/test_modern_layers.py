@@ -276,3 +276,17 @@ def test_negative_eigenvalues_are_eigenvalues_below_zero():
         k = attention._phi(attention.k_proj(x))
     smallest = 1 - beta * (k * k).sum(-1)
     assert (smallest < -0.5).all(), smallest
+
+
+def test_negative_eigenvalues_double_gdn2s_erase_gate_only():
+    """GDN-2's transition I - k (b * k)^T needs its erase gate b in (0, 2) for eigenvalues in [-1, 1]; its write
+    gate w scales what is written and stays in (0, 1)."""
+    attention = FastWeightAttention(AttentionOptions(32, 2, feature_map="silu", qk_norm="l2", update_rule="gdn2",
+                                                     negative_eigenvalues=True))
+    D = attention.feature_map.out_dim
+    with torch.no_grad():
+        attention.beta_proj.bias.fill_(5.0)
+        beta, _ = attention._gates(torch.randn(6, 2, 32), None)
+    erase, write = beta[..., :D], beta[..., D:]
+    assert erase.max() > 1.9 and erase.max() < 2
+    assert write.max() < 1 and write.min() > 0.9

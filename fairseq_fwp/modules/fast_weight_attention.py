@@ -260,12 +260,18 @@ class FastWeightAttention(nn.Module):
             beta = beta.squeeze(-1) if self.strengths == 1 else beta
             beta = beta if self.rule.substeps else beta.squeeze(3)
             if self.options.negative_eigenvalues:  # in (0, 2): the transition's eigenvalues reach [-1, 1]
-                beta = 2 * beta
+                beta = 2 * beta if self.strengths == 1 else self._double_erase_gates(beta)
         log_decay = self.decay_gate(x) if self.decay_gate is not None else None
         if keep is not None:
             beta = None if beta is None else beta * _per_token(keep, beta).to(beta.dtype)
             log_decay = None if log_decay is None else log_decay.masked_fill(~_per_token(keep, log_decay), 0.0)
         return beta, log_decay
+
+    def _double_erase_gates(self, beta):
+        """Strengths per channel [.., D + Dv]: the erase gates (the first D, in the transition I - k (b * k)^T)
+        doubled, the write gates (the Dv after them, which scale what is written) kept."""
+        D = self.strengths - self.head_dim
+        return torch.cat([2 * beta[..., :D], beta[..., D:]], -1)
 
     def _attention_normalization(self, k, beta, state, one_step):
         """z_t = z_0 + sum_{j<=t} phi(k_j) (Eq. 18; padded keys are zero) where attention normalisation is
