@@ -145,6 +145,29 @@ def fused_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("rule, options", [("delta", {}), ("gla", {}), ("kda", {}), ("gated-delta", {}),
+                                           ("sum", {"attention_normalization": True}),
+                                           ("delta", {"attention_normalization": True})])
+@pytest.mark.parametrize("backend", ["chunked", "auto"])
+def test_fused_steps_after_a_prompt_given_in_one_call(rule, options, backend, fused_calls):
+    """A prompt given to the layer in one call (its memory as the sequence op returns it, W and z views of
+    other tensors), then one token at a time: the same outputs as the rule's own steps and the full forward."""
+    from fairseq_fwp.modules.attention_options import AttentionOptions
+
+    fused = FastWeightAttention(AttentionOptions(32, 2, update_rule=rule, backend=backend, **options)).eval()
+    oracle = FastWeightAttention(AttentionOptions(32, 2, update_rule=rule, backend="reference", **options)).eval()
+    oracle.load_state_dict(fused.state_dict())
+    x = torch.randn(9, 2, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = oracle(x, None, None)[0]
+        for layer in (fused, oracle):
+            state = {}
+            prompt = layer(x[:5], None, None, incremental_state=state)[0]
+            steps = torch.cat([layer(x[t:t + 1], None, None, incremental_state=state)[0] for t in range(5, 9)])
+            torch.testing.assert_close(torch.cat([prompt, steps]), full, rtol=1e-5, atol=1e-5)
+    assert fused_calls == {fused.fused_step: 4}
+
+
 @pytest.mark.parametrize("flags", [["--fwp-update-rule", "sum", "--fwp-attn-norm", "on"],
                                    ["--fwp-update-rule", "delta", "--fwp-attn-norm", "on"],
                                    ["--fwp-update-rule", "gated-delta", "--fwp-short-conv", "4", "--fwp-output-gate", "on"]])

@@ -105,11 +105,16 @@ class FusedStep:
             keys, writes = memory.factor_slots_(N, q.shape[:2], D, Dv, (like, like), room=limit)
         else:
             W = memory.fast_weight_for(q, v, q.dtype, D=D)
+            if not W.is_contiguous():  # as a sequence op returned it (a transposed view): C++ writes it in place
+                memory.hold_(W.contiguous())
+                W = memory.fast_weight
         held = W if W is not None else writes
         z = None
         if self.attention_normalization:
             if state.key_sum is None:
                 state.key_sum = held.new_zeros(*q.shape[:2], D)
+            elif not state.key_sum.is_contiguous():  # the last of a sequence's running sums (a view of them all)
+                state.key_sum = state.key_sum.contiguous()
             z = state.key_sum
         cast = self._cast(held.dtype)
         self.attention.backend_log.say(self.log)
