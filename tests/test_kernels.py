@@ -271,3 +271,34 @@ def test_an_installation_without_sources_loads_its_prebuilt_extension(monkeypatc
     monkeypatch.setattr(csrc_sources, "CSRC_DIR", str(tmp_path / "absent"))
     monkeypatch.setattr(kernels, "_jit_build", lambda: pytest.fail("a prebuilt extension was there"))
     assert kernels.load_extension() is prebuilt
+
+
+def test_stray_entries_in_csrc_leave_the_digest_and_the_prebuilt_extension_alone(monkeypatch, tmp_path):
+    """A build folder, an editor's backup and notes beside the sources: the digest is of the compiled sources
+    and headers only, so the prebuilt extension still loads (no rebuild, no crash)."""
+    from fairseq_fwp.ops import csrc_sources
+
+    prebuilt = pytest.importorskip("fairseq_fwp._C", reason="setup_env.sh builds the extension in place")
+    copy = tmp_path / "csrc"
+    shutil.copytree(csrc_sources.CSRC_DIR, copy)
+    (copy / "build").mkdir()
+    (copy / "fast_weight.h~").write_text("an editor's backup")
+    (copy / "NOTES.txt").write_text("notes")
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(csrc_sources, "CSRC_DIR", str(copy))
+    monkeypatch.setattr(kernels, "_jit_build", lambda: pytest.fail("rebuilt for stray entries"))
+    assert kernels.load_extension() is prebuilt
+
+
+def test_an_unreadable_source_falls_back_to_the_prebuilt_extension(monkeypatch, tmp_path):
+    from fairseq_fwp.ops import csrc_sources
+
+    prebuilt = pytest.importorskip("fairseq_fwp._C", reason="setup_env.sh builds the extension in place")
+    copy = tmp_path / "csrc"
+    shutil.copytree(csrc_sources.CSRC_DIR, copy)
+    (copy / "extra.h").symlink_to(tmp_path / "gone.h")  # a header that cannot be read
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(csrc_sources, "CSRC_DIR", str(copy))
+    monkeypatch.setattr(kernels, "_jit_build", lambda: pytest.fail("rebuilt from unreadable sources"))
+    assert csrc_sources.sources_digest() is None
+    assert kernels.load_extension() is prebuilt

@@ -15,15 +15,24 @@ def source_files(with_cuda, folder=CSRC_DIR):
     return [os.path.join(folder, name) for name in ("fast_weight.cpp", *(CUDA_SOURCES if with_cuda else ()))]
 
 
+SOURCE_SUFFIXES = (".cpp", ".cu", ".h", ".cuh")  # what a build compiles or includes
+
+
 def sources_digest():
-    """A digest of every file in csrc/ (torch's JIT build notices changed sources, not changed headers); None
-    where the package is installed without its sources (its prebuilt extension is then the only build)."""
+    """A digest of csrc/'s sources and headers (torch's JIT build notices changed sources, not changed
+    headers); other entries (a build folder, an editor's backup) are not part of a build. None where the
+    package is installed without its sources, or where they cannot be read: its prebuilt extension is then
+    the only build."""
     if not os.path.isdir(CSRC_DIR):
         return None
     digest = hashlib.sha1()
-    for name in sorted(os.listdir(CSRC_DIR)):
-        with open(os.path.join(CSRC_DIR, name), "rb") as f:
-            digest.update(name.encode() + f.read())
+    try:
+        for name in sorted(os.listdir(CSRC_DIR)):
+            if name.endswith(SOURCE_SUFFIXES):
+                with open(os.path.join(CSRC_DIR, name), "rb") as f:
+                    digest.update(name.encode() + f.read())
+    except OSError:
+        return None
     return digest.hexdigest()[:10]
 
 
