@@ -177,6 +177,51 @@ fwp::StepOptions step_options(const c10::optional<at::Tensor>& projection, int64
           static_cast<fwp::Decay>(decay), eps};
 }
 
+// Every size a fused call reads and writes by is checked against its tensors: an unchecked one would read and
+// write out of bounds.
+void check_shape(const at::Tensor& x, const char* what, const char* name, at::IntArrayRef want) {
+  TORCH_CHECK(x.sizes() == want, what, ": ", name, " has shape ", x.sizes(), ", expected ", want);
+}
+
+void check_optional_shape(const c10::optional<at::Tensor>& x, const char* what, const char* name, bool wanted,
+                          at::IntArrayRef want) {
+  TORCH_CHECK(x.has_value() == wanted, what, ": ", name, wanted ? " is missing" : " is not taken with these options");
+  if (wanted) check_shape(*x, what, name, want);
+}
+
+// A gate of `per_head` numbers per (row, head): [R, H, per_head], or [R, H] where that is 1.
+void check_gate(const c10::optional<at::Tensor>& x, const char* what, const char* name, bool wanted, int64_t R,
+                int64_t H, int64_t per_head) {
+  TORCH_CHECK(x.has_value() == wanted, what, ": ", name, wanted ? " is missing" : " is not taken with these options");
+  if (!wanted) return;
+  const bool fits = x->dim() >= 2 && x->size(0) == R && x->size(1) == H && x->numel() == R * H * per_head;
+  TORCH_CHECK(fits, what, ": ", name, " has shape ", x->sizes(), ", expected [", R, ", ", H, ", ", per_head, "]",
+              per_head == 1 ? " or [R, H]" : "");
+}
+
+// The feature map's options and the feature size D they give for inputs of size d (fast_weight_step.h's maps).
+void check_features(const char* what, int64_t map, int64_t nu, const c10::optional<at::Tensor>& projection,
+                    int64_t qk_norm, int64_t d, int64_t D) {
+  TORCH_CHECK(qk_norm >= 0 && qk_norm <= 2, what, ": unknown q/k normalisation ", qk_norm);
+  switch (static_cast<fwp::FeatureMap>(map)) {
+    case fwp::FeatureMap::kLinear:
+    case fwp::FeatureMap::kSiLU:
+      TORCH_CHECK(D == d, what, ": this map gives D = d = ", d, " features, but the memory has D = ", D);
+      break;
+    case fwp::FeatureMap::kDPFP:
+      TORCH_CHECK(nu >= 1 && nu < 2 * d, what, ": DPFP's nu must be in [1, 2 d - 1], got ", nu);
+      TORCH_CHECK(D == 2 * d * nu, what, ": DPFP gives D = 2 d nu = ", 2 * d * nu, " features, but the memory has D = ", D);
+      break;
+    case fwp::FeatureMap::kPerformer:
+      TORCH_CHECK(D % 2 == 0, what, ": FAVOR+ gives an even D, but the memory has D = ", D);
+      check_optional_shape(projection, what, "projection", true, {d, D / 2});
+      return;
+    default:
+      TORCH_CHECK(false, what, ": unknown feature map ", map);
+  }
+  TORCH_CHECK(!projection.has_value(), what, ": projection is FAVOR+'s alone");
+}
+
 // The memories of a fused call: W [n, H, dv, D], or its factors keys [n, H, c, D] and writes [n, H, c, dv] (c slots).
 struct HeldMemories {
   const c10::optional<at::Tensor>& W;
@@ -187,10 +232,21 @@ struct HeldMemories {
   int64_t D() const { return W ? W->size(3) : keys->size(3); }
   int64_t dv() const { return W ? W->size(2) : writes->size(3); }
   int64_t slots() const { return W ? 0 : keys->size(2); }
-  void check(const char* what, const at::Tensor& q) const {
+  // rows memories (-1: as many as they hold) of q's H heads each
+  void check(const char* what, const at::Tensor& q, int64_t rows) const {
     TORCH_CHECK(W.has_value() != (keys.has_value() && writes.has_value()), what, ": W, or keys and writes");
-    for (auto [x, name] : {std::pair{&W, "W"}, {&keys, "keys"}, {&writes, "writes"}})
-      if (x->has_value()) check_tensor(**x, name, q, held().scalar_type());
+    for (auto [x, name] : {std::pair{&W, "W"}, {&keys, "keys"}, {&writes, "writes"}}) {
+      if (!x->has_value()) continue;
+      check_tensor(**x, name, q, held().scalar_type());
+      TORCH_CHECK((*x)->dim() == 4, what, ": ", name, " must have 4 dimensions, got ", (*x)->sizes());
+    }
+    const int64_t H = q.size(1), n = rows < 0 ? held().size(0) : rows;
+    if (W) {
+      check_shape(*W, what, "W", {n, H, dv(), D()});
+    } else {
+      check_shape(*keys, what, "keys", {n, H, slots(), D()});
+      check_shape(*writes, what, "writes", {n, H, slots(), dv()});
+    }
   }
 };
 
@@ -242,10 +298,11 @@ at::Tensor fused_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const c10::optional<at::Tensor>& projection, int64_t map, int64_t nu, double input_scale,
                       int64_t qk_norm, bool attention_normalization, bool normalised_retrieval, int64_t write,
                       int64_t decay, double eps) {
+  const char* what = "fused_step";
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "fused_step: q [R, H, d], k [R, H, N, d], v [R, H, N, dv]");
   const HeldMemories memories{W, keys, writes};
-  memories.check("fused_step", q);
-  const int64_t RH = q.size(0) * q.size(1), N = k.size(2);
+  const int64_t R = q.size(0), H = q.size(1), RH = R * H, N = k.size(2);
+  memories.check(what, q, R);
   const fwp::StepSizes sizes{q.size(2), memories.D(), memories.dv()};
   const int64_t t = W ? 0 : memories.slots() - N;
   TORCH_CHECK(t >= 0, "fused_step: the factors have no slots for the step's ", N, " writes");
@@ -253,7 +310,18 @@ at::Tensor fused_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   for (auto [x, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_tensor(*x, name, q, dtype);
   for (auto [x, name] : {std::pair{&beta, "beta"}, {&log_decay, "log_decay"}, {&z, "z"}, {&projection, "projection"}})
     if (x->has_value()) check_tensor(**x, name, q, dtype);
-  TORCH_CHECK(!attention_normalization || z.has_value(), "fused_step: attention normalisation needs z");
+  check_shape(k, what, "k", {R, H, N, sizes.d});
+  check_shape(v, what, "v", {R, H, N, sizes.dv});
+  check_features(what, map, nu, projection, qk_norm, sizes.d, sizes.D);
+  TORCH_CHECK(write >= 0 && write <= 2 && decay >= 0 && decay <= 2, what, ": unknown write ", write, " or decay ", decay);
+  const auto writes_as = static_cast<fwp::Write>(write);
+  TORCH_CHECK(writes_as != fwp::Write::kEraseWrite || N == 1, what, ": erase and write gates take one write a token");
+  check_gate(beta, what, "beta", writes_as != fwp::Write::kSum, R, H,
+             writes_as == fwp::Write::kEraseWrite ? sizes.D + sizes.dv : N);
+  const auto decays_as = static_cast<fwp::Decay>(decay);
+  check_gate(log_decay, what, "log_decay", decays_as != fwp::Decay::kNone, R, H,
+             decays_as == fwp::Decay::kChannel ? sizes.D : 1);
+  check_optional_shape(z, what, "z", attention_normalization, {R, H, sizes.D});
   const auto options = step_options(projection, map, nu, input_scale, qk_norm, attention_normalization,
                                     normalised_retrieval, write, N, decay, eps);
   at::Tensor out = at::empty({q.size(0), q.size(1), sizes.dv}, memories.held().options());
@@ -274,16 +342,19 @@ at::Tensor fused_read(const at::Tensor& q, const c10::optional<at::Tensor>& W, c
                       const c10::optional<at::Tensor>& writes, const c10::optional<at::Tensor>& z,
                       const c10::optional<at::Tensor>& projection, int64_t map, int64_t nu, double input_scale,
                       int64_t qk_norm, bool attention_normalization, double eps) {
+  const char* what = "fused_read";
+  TORCH_CHECK(q.dim() == 3, "fused_read: q [R, H, d]");
   const HeldMemories memories{W, keys, writes};
-  memories.check("fused_read", q);
+  memories.check(what, q, -1);
+  const int64_t R = q.size(0), H = q.size(1), n = memories.held().size(0);
   const auto dtype = memories.held().scalar_type();
   check_tensor(q, "q", q, dtype);
   for (auto [x, name] : {std::pair{&z, "z"}, {&projection, "projection"}})
     if (x->has_value()) check_tensor(**x, name, q, dtype);
-  const int64_t R = q.size(0), H = q.size(1), n = memories.held().size(0);
-  TORCH_CHECK(R % n == 0, "fused_read: ", R, " rows cannot share ", n, " source memories");
+  TORCH_CHECK(n > 0 && R % n == 0, "fused_read: ", R, " rows cannot share ", n, " source memories");
   const fwp::StepSizes sizes{q.size(2), memories.D(), memories.dv()};
-  TORCH_CHECK(!attention_normalization || z.has_value(), "fused_read: attention normalisation needs z");
+  check_features(what, map, nu, projection, qk_norm, sizes.d, sizes.D);
+  check_optional_shape(z, what, "z", attention_normalization, {n, H, sizes.D});
   const auto options = step_options(projection, map, nu, input_scale, qk_norm, attention_normalization,
                                     /*normalised_retrieval=*/false, static_cast<int64_t>(fwp::Write::kSum),
                                     /*writes=*/1, static_cast<int64_t>(fwp::Decay::kNone), eps);

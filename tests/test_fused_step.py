@@ -269,3 +269,55 @@ def test_the_layer_step_benchmark_times_the_fused_and_the_rules_own_step(capsys)
             or line.startswith("| linear |")]
     assert [row.split(" | ")[1] for row in rows] == ["softmax attention", "fused", "the rule's own"]
     assert all(row.endswith("x |") for row in rows)
+
+
+def valid_step(R=2, H=3, d=4, N=1, write=1, decay=0, map_=0, nu=1):
+    """A valid fused_step call of the delta rule on W (keyword arguments of the extension's positional ones)."""
+    g = torch.Generator().manual_seed(0)
+    D = {0: d, 2: 2 * d * nu}[map_]
+    return dict(q=torch.randn(R, H, d, generator=g), k=torch.randn(R, H, N, d, generator=g),
+                v=torch.randn(R, H, N, d, generator=g), beta=torch.rand(R, H, N, generator=g) if write == 1 else None,
+                log_decay=-torch.rand(R, H, generator=g) if decay == 1 else None, W=torch.zeros(R, H, d, D),
+                keys=None, writes=None, z=None, projection=None, map=map_, nu=nu, input_scale=1.0, qk_norm=1,
+                attention_normalization=False, normalised_retrieval=False, write=write, decay=decay, eps=1e-5)
+
+
+def call_step(arguments):
+    return loaded().fused_step(*arguments.values())
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(W=torch.zeros(2, 3, 4, 3)), r"W has shape \[2, 3, 4, 3\], expected \[2, 3, 4, 4\]|memory has D = 3"),
+    (dict(W=torch.zeros(2, 3, 4, 16), map=2, nu=1), "DPFP gives D = 2 d nu = 8 features, but the memory has D = 16"),
+    (dict(nu=9, map=2, W=torch.zeros(2, 3, 4, 72)), r"DPFP's nu must be in \[1, 2 d - 1\], got 9"),
+    (dict(beta=torch.rand(2, 3, 2)), r"beta has shape \[2, 3, 2\], expected \[2, 3, 1\] or \[R, H\]"),
+    (dict(beta=None), "beta is missing"),
+    (dict(log_decay=torch.zeros(2, 3)), "log_decay is not taken with these options"),
+    (dict(log_decay=torch.zeros(2, 3, 4), decay=1), r"log_decay has shape \[2, 3, 4\], expected \[2, 3, 1\] or \[R, H\]"),
+    (dict(k=torch.randn(2, 3, 1, 5)), r"k has shape \[2, 3, 1, 5\], expected \[2, 3, 1, 4\]"),
+    (dict(v=torch.randn(1, 3, 1, 4)), r"v has shape \[1, 3, 1, 4\], expected \[2, 3, 1, 4\]"),
+    (dict(attention_normalization=True, z=torch.zeros(2, 3, 3)), r"z has shape \[2, 3, 3\], expected \[2, 3, 4\]"),
+    (dict(map=3, W=torch.zeros(2, 3, 4, 6), projection=torch.randn(3, 4)),
+     r"projection has shape \[3, 4\], expected \[4, 3\]"),
+    (dict(map=7), "unknown feature map 7"),
+])
+def test_the_extensions_fused_step_checks_every_size(change, message):
+    """Sizes that do not agree with each other or with the options would read and write out of bounds."""
+    call_step(valid_step())  # the call before its change runs
+    with pytest.raises(RuntimeError, match=message):
+        call_step({**valid_step(), **change})
+
+
+def test_the_extensions_fused_read_checks_every_size():
+    g = torch.Generator().manual_seed(0)
+    q, W = torch.randn(4, 3, 4, generator=g), torch.randn(2, 3, 4, 4, generator=g)
+    read = lambda q, W, z=None, norm=False, map_=0: loaded().fused_read(q, W, None, None, z, None, map_, 1, 1.0, 1, norm,  # noqa: E731
+                                                                        1e-5)
+    read(q, W)
+    for args, message in [((q, torch.randn(2, 3, 4, 5)), "memory has D = 5"),
+                          ((q, torch.randn(3, 3, 4, 4)), "4 rows cannot share 3 source memories"),
+                          ((q, torch.randn(2, 2, 4, 4)), r"W has shape \[2, 2, 4, 4\], expected \[2, 3, 4, 4\]"),
+                          ((q, W, torch.zeros(4, 3, 4), True), r"z has shape \[4, 3, 4\], expected \[2, 3, 4\]"),
+                          ((q, W, None, True), "z is missing")]:
+        with pytest.raises(RuntimeError, match=message):
+            read(*args)
