@@ -386,9 +386,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_cuda_kernels", &has_cuda_kernels, "whether this build has the CUDA kernels");
   m.def("fused_step", &fused_step<false>, "one decoding step of every (row, head), fused (fast_weight_step.h)");
   m.def("fused_read", &fused_read<false>, "a read of every row's source memory, fused (fast_weight_step.h)");
-  // the tests' check that a phase's items are independent, as a GPU's thread block needs them
+#ifdef FWP_TEST_ENTRY_POINTS  // the tests' own build: their check that a phase's items are independent, as a
+                              // GPU's thread block needs them
   m.def("fused_step_items_reversed", &fused_step<true>, "fused_step, each phase's items in reverse order (CPU)");
   m.def("fused_read_items_reversed", &fused_read<true>, "fused_read, each phase's items in reverse order (CPU)");
+#endif
   m.attr("max_features") = fwp::kMaxFeatures;
 #ifdef FWP_SOURCES_DIGEST  // setup.py's build: the digest of the sources it was built from (ops/csrc_sources.py)
   m.attr("sources_digest") = FWP_SOURCES_DIGEST;

@@ -84,14 +84,29 @@ def test_gpu_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map
     fused_against_oracle(flags_of(feature_map, map_flags, rule, rule_flags), rows, fused_calls, device="cuda")
 
 
-@pytest.fixture
-def items_reversed(monkeypatch):
-    """The extension's fused calls with each phase's items in reverse order (SerialTeam in
-    csrc/fast_weight_step.h)."""
-    built = loaded()
+@pytest.fixture(scope="session")
+def test_build():
+    """The extension as the tests build it (csrc/fast_weight.cpp's FWP_TEST_ENTRY_POINTS: also each fused call
+    with each phase's items in reverse order, SerialTeam in csrc/fast_weight_step.h), which the package's own
+    build leaves out; once per machine and sources (torch's extension cache), about 25 s of one core at -O0 (the
+    tests compare its calls in order with its calls reversed, never with the package's build)."""
+    from torch.utils import cpp_extension
+    from fairseq_fwp.ops.csrc_sources import source_files, sources_digest
+
+    return cpp_extension.load(name=f"fairseq_fwp_kernels_test_{sources_digest()}", sources=source_files(False),
+                              extra_cflags=["-O0", "-std=c++17", "-DFWP_TEST_ENTRY_POINTS"], verbose=False)
+
+
+def use_build(monkeypatch, built, reversed_items):
+    """The fused calls of `built`, each phase's items in order or reversed."""
     monkeypatch.setattr(fused_step_module, "loaded", lambda: types.SimpleNamespace(
-        fused_step=built.fused_step_items_reversed, fused_read=built.fused_read_items_reversed,
+        fused_step=built.fused_step_items_reversed if reversed_items else built.fused_step,
+        fused_read=built.fused_read_items_reversed if reversed_items else built.fused_read,
         has_cuda_kernels=built.has_cuda_kernels))
+
+
+def test_the_packages_build_has_no_test_entry_points():
+    assert not hasattr(loaded(), "fused_step_items_reversed") and not hasattr(loaded(), "fused_read_items_reversed")
 
 
 # every phase: no retrieval, retrieval under Eqs. 26-28, a decay per head and per channel, the erase gate,
@@ -103,21 +118,23 @@ PHASE_RULES = [("sum", []), ("delta", ["--fwp-attn-norm", "on"]), ("gated-delta"
 @pytest.mark.parametrize("rule, rule_flags", PHASE_RULES)
 @pytest.mark.parametrize("feature_map, map_flags", MAPS)
 def test_each_phase_of_the_step_has_independent_items(feature_map, map_flags, rule, rule_flags, fused_calls,
-                                                      request):
+                                                      test_build, monkeypatch):
     """Beams of 4 (factors, then W), every step fused, the same bits with each phase's items reversed."""
     model, d = build_lm_model(*flags_of(feature_map, map_flags, rule, rule_flags))
+    use_build(monkeypatch, test_build, reversed_items=False)
     in_order = stepwise(model, d, 4)
-    request.getfixturevalue("items_reversed")
+    use_build(monkeypatch, test_build, reversed_items=True)
     assert torch.equal(stepwise(model, d, 4), in_order)
     assert set(fused_calls.values()) == {20}
 
 
 @pytest.mark.parametrize("feature_map, flags", MAPS)
-def test_each_phase_of_the_read_has_independent_items(feature_map, flags, fused_reads, request):
+def test_each_phase_of_the_read_has_independent_items(feature_map, flags, fused_reads, test_build, monkeypatch):
     """Sources of 5 to 9 tokens: memories held as their factors."""
     model, d = build_translation_model("--fwp-feature-map", feature_map, *flags)
+    use_build(monkeypatch, test_build, reversed_items=False)
     in_order = full_and_stepwise_decoder_outputs(model, d)[1]
-    request.getfixturevalue("items_reversed")
+    use_build(monkeypatch, test_build, reversed_items=True)
     assert torch.equal(full_and_stepwise_decoder_outputs(model, d)[1], in_order)
     assert len(fused_reads) == 2 * 2 * 6  # twice: two decoder layers, the steps after the first (which builds them)
 
