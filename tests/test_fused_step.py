@@ -81,7 +81,8 @@ def test_gpu_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map
                                                                  fused_calls):
     """The CUDA kernel (one thread block per (row, head)) against the rule's own step, both on the GPU."""
     assert loaded().has_cuda_kernels(), "the extension was built without its CUDA kernels"
-    fused_against_oracle(flags_of(feature_map, map_flags, rule, rule_flags), rows, fused_calls, device="cuda")
+    fused_against_oracle([*flags_of(feature_map, map_flags, rule, rule_flags), "--fwp-decoding-step", "fused"], rows,
+                         fused_calls, device="cuda")  # fused in beams too
 
 
 @pytest.fixture(scope="session")
@@ -215,7 +216,7 @@ def test_gpu_the_encoder_decoder_attentions_fused_read_is_the_rules_own(feature_
     """On the GPU, 40 decoding steps of the fused model (its steps and reads) against the oracle's, both
     from the oracle's encoder output: no full forward, whose fla kernels may round otherwise."""
     models = [build_translation_model("--fwp-feature-map", feature_map, *flags, *backend)[0].cuda()
-              for backend in ([], ["--fwp-backend", "reference"])]
+              for backend in (["--fwp-decoding-step", "fused"], ["--fwp-backend", "reference"])]
     d = build_translation_model()[1]
     src = random_tokens(d, [5, 9, 7]).cuda()
     prev = decoder_inputs(d, T=40).cuda()
@@ -264,8 +265,29 @@ def test_the_log_says_that_decoding_is_fused(caplog):
     model, d = build_lm_model()
     with caplog.at_level("INFO", logger="fairseq_fwp.backend"):
         stepwise(model.eval(), d, 1, T=2)
-    assert "--fwp-backend auto fuses each decoding step of delta (csrc/fast_weight_step.h)" in caplog.text
+    assert "--fwp-decoding-step auto fuses each decoding step of delta (csrc/fast_weight_step.h)" in caplog.text
     assert os.path.isfile(os.path.join(ROOT, "csrc", "fast_weight_step.h"))
+
+
+def test_decoding_step_own_keeps_the_rules_own_step_and_decodes_the_same():
+    own, d = build_lm_model("--fwp-decoding-step", "own")
+    fused, _ = build_lm_model()
+    assert not fused_attentions(own) and fused_attentions(fused)
+    torch.testing.assert_close(stepwise(own.eval(), d, 3), stepwise(fused.eval(), d, 3), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("choice, rows, runs", [("auto", 1, True), ("auto", 4, False), ("fused", 4, True)])
+def test_on_a_gpu_auto_fuses_where_the_step_was_timed_faster(choice, rows, runs, monkeypatch, caplog):
+    """A GPU report timed the CUDA kernel at one row only: auto keeps the rule's own step in beams there, and
+    says so; --fwp-decoding-step fused runs it in beams too. (A stand-in for a CUDA tensor and build.)"""
+    model, _ = build_lm_model("--fwp-decoding-step", choice)
+    step = fused_attentions(model)[0].fused_step
+    monkeypatch.setattr(fused_step_module, "loaded", lambda: types.SimpleNamespace(has_cuda_kernels=lambda: True))
+    x = types.SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32, shape=(1, rows, 32))
+    with caplog.at_level("INFO", logger="fairseq_fwp.backend"):
+        assert step.runs(x, None) is runs
+    said = "--fwp-decoding-step auto: the rule's own step runs each decoding step of delta of beams on a GPU"
+    assert (said in caplog.text) is (choice == "auto" and rows > 1)
 
 
 def test_a_backend_that_cannot_run_here_stays_refused_while_decoding():

@@ -21,6 +21,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models.transformer import TransformerConfig
 from omegaconf import OmegaConf
 
+from ..modules.attention_options import DECODING_STEPS
 from ..modules.feature_maps import FEATURE_MAPS, QK_NORMS
 from ..modules.gates import DECAY_FORMS
 from ..ops import BACKENDS
@@ -81,6 +82,11 @@ class FastWeightConfig(FairseqDataclass):
                                          "estimate softmax attention's kernel exp(q.k/sqrt(d)) (off: the paper's "
                                          "Eqs. 31-32 as written; 5-7 BLEU lower on Multi30k, docs/results.md)"})
     fwp_backend: ChoiceEnum(BACKENDS) = field(default="auto", metadata={"help": "fast-weight op backend"})
+    fwp_decoding_step: ChoiceEnum(DECODING_STEPS) = field(
+        default="auto", metadata={"help": "which step decodes each token: fused (one call of the csrc extension per "
+                                           "layer, where it computes what the rule's own step does), own (the "
+                                           "rule's own step), auto (fused, except in beams on a GPU, where it has "
+                                           "not been timed)"})
     fwp_sum_norm: Optional[ChoiceEnum(ON_OFF)] = field(
         default=None, metadata={"help": "deprecated: --fwp-qk-norm says it (--fwp-sum-norm off is --fwp-qk-norm "
                                          "none, on any other value)"})

@@ -24,7 +24,8 @@ FEATURE_MAP_FLAGS = {
 }
 # How validate's messages name each option: the flag that sets it.
 FLAG_OF_OPTION = {"feature_map": "--fwp-feature-map", "short_conv": "--fwp-short-conv", "decay_form": "--fwp-decay-form",
-                  "householder_steps": "--fwp-householder-steps", "backend": "--fwp-backend"}
+                  "householder_steps": "--fwp-householder-steps", "backend": "--fwp-backend",
+                  "decoding_step": "--fwp-decoding-step"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,8 @@ def site_options(cfg, site):
         attention_normalization=attention_normalization(cfg, causal, rule), output_scaling=_on(cfg.fwp_output_scaling),
         decay_form=UPDATE_RULES[rule].decay_form if cfg.fwp_decay_form == "auto" else cfg.fwp_decay_form,
         short_conv=cfg.fwp_short_conv if causal else 0,
-        output_gate=_on(cfg.fwp_output_gate), backend=cfg.fwp_backend, householder_steps=writes,
+        output_gate=_on(cfg.fwp_output_gate), backend=cfg.fwp_backend, decoding_step=cfg.fwp_decoding_step,
+        householder_steps=writes,
         negative_eigenvalues=causal and _on(cfg.fwp_negative_eigenvalues))
 
 

@@ -14,6 +14,8 @@ from ..ops.rules import update_rule
 from .feature_maps import QK_NORMS, OptionError, feature_map_class
 from .gates import DECAY_FORMS
 
+DECODING_STEPS = ("auto", "fused", "own")  # --fwp-decoding-step (fused_step.py says what auto runs)
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionOptions:
@@ -33,6 +35,7 @@ class AttentionOptions:
     householder_steps: int = 1  # writes per token (DeltaProduct: a rule with substeps; N keys, values, betas)
     negative_eigenvalues: bool = False  # beta = 2 sigmoid(.): Householder transitions with eigenvalues in [-1, 1]
     backend: str = "auto"  # which backend runs the ops (ops/backends.py)
+    decoding_step: str = "auto"  # which step decodes a token: the fused step, the rule's own, or auto (fused_step.py)
     eps: float = 1e-5
 
     def __post_init__(self):
@@ -118,7 +121,7 @@ def check(options):
     that are not registered raise ValueError, naming the registered ones."""
     if options.embed_dim % options.num_heads:
         raise OptionsError(options, ("embed_dim", "num_heads"), "embed_dim must be divisible by num_heads")
-    for name, allowed in (("qk_norm", QK_NORMS), ("decay_form", DECAY_FORMS)):
+    for name, allowed in (("qk_norm", QK_NORMS), ("decay_form", DECAY_FORMS), ("decoding_step", DECODING_STEPS)):
         if getattr(options, name) not in allowed:
             raise OptionsError(options, (name,), f"must be one of {', '.join(allowed)}")
     if options.short_conv < 0 or options.short_conv == 1:

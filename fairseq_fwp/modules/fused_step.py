@@ -12,6 +12,11 @@ other than "reference" (which keeps the rule's own step, the oracle). On the CPU
 over (row, head); on a GPU, where the extension has its CUDA kernels, one thread block per (row, head)
 (csrc/fast_weight_step_cuda.cu), from the same source. Everything else, and every process where the extension
 does not build, keeps the unfused step.
+
+--fwp-decoding-step chooses: "own" keeps the rule's own step everywhere; "fused" runs the fused step wherever
+it computes the same; "auto" does too, except in beams on a GPU: there it runs only where a GPU report has
+timed it faster than the rule's own step, which is at one row so far (docs/benchmarks.md). The log says which
+step decodes.
 """
 import logging
 from typing import Optional
@@ -41,7 +46,8 @@ def fused_step_for(attention) -> Optional["FusedStep"]:
     options, rule = attention.options, attention.rule
     builtin_rule = UPDATE_RULES.get(rule.name) is rule and rule.name in WRITES and \
         type(rule).__module__.startswith("fairseq_fwp.ops.rules")
-    if not (builtin_rule and type(attention.feature_map) in MAPS and options.backend != "reference"):
+    if not (builtin_rule and type(attention.feature_map) in MAPS and options.backend != "reference"
+            and options.decoding_step != "own"):
         return None
     return FusedStep(attention)
 
@@ -61,17 +67,26 @@ class FusedStep:
                         WRITES[attention.rule.name], DECAYS[attention.rule.decay], o.eps)
         self.read_options = (*feature_map, o.attention_normalization, o.eps)
         what = f"decoding step of {attention.rule.name}" if o.causal else "decoding read of the source memory"
-        self.log = f"--fwp-backend {o.backend} fuses each {what} (csrc/fast_weight_step.h)"
+        self.log = f"--fwp-decoding-step {o.decoding_step} fuses each {what} (csrc/fast_weight_step.h)"
+        self.untimed_log = (f"--fwp-decoding-step auto: the rule's own step runs each {what} of beams on a GPU, "
+                            "where the fused step has been timed at one row only (--fwp-decoding-step fused runs it)")
+        self.choice = o.decoding_step
 
     def runs(self, x, keep):
         """Whether this step runs fused: float32 or float64, no autocast, no padding, a backend flag that runs
-        steps on x's device, the extension built (with its CUDA kernels, for x on a GPU)."""
+        steps on x's device, the extension built (with its CUDA kernels, for x on a GPU), and on a GPU under
+        --fwp-decoding-step auto one row (x ``[1, rows, C]``)."""
         device = x.device.type
         if keep is not None or device not in ("cpu", "cuda") or x.dtype not in (torch.float32, torch.float64) \
                 or torch.is_autocast_enabled(device) or not self._flag_runs_steps(x.device, x.dtype):
             return False
         built = loaded()
-        return built is not None and (device == "cpu" or built.has_cuda_kernels())
+        if built is None or (device == "cuda" and not built.has_cuda_kernels()):
+            return False
+        if device == "cuda" and self.choice == "auto" and x.shape[1] > 1:
+            self.attention.backend_log.say(self.untimed_log)
+            return False
+        return True
 
     def _flag_runs_steps(self, device, dtype):
         """Whether --fwp-backend runs this rule's decoding steps on `device`: the fused step stands in for
