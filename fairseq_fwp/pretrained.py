@@ -12,8 +12,8 @@ checkpoint's own architecture and options (the user names only the --fwp-* flags
 output folder is laid out as the archive was: ``model.pt`` (the fast-weight model, arch
 ``fwp_transformer``), the dictionaries and the codes, so that fairseq-generate, fairseq-interactive and
 ``TransformerModel.from_pretrained`` read it with the tokenizer and BPE settings of the original (and
-``--user-dir`` naming the plugin), and ``model.args``, the fairseq-train flags that build that model again
-(finetuning: ``fairseq-train DATA $(cat OUT/model.args) --finetune-from-model OUT/model.pt ...``).
+``--user-dir`` naming the plugin), and ``model.args``, the fairseq-train flags that build that model again,
+quoted for a POSIX shell on one line (uptrain prints the finetune command with them inline).
 Ensembles (``model1.pt`` ...) are refused, naming the single model to convert instead.
 """
 import argparse
@@ -37,6 +37,7 @@ NOT_MODEL_OPTIONS = ("_name", "arch", "data", "user_dir")
 # attention transfer's batches. The model's own options come from its checkpoint.
 LANGUAGE_FLAGS = {"--source-lang": "source", "-s": "source", "--target-lang": "target", "-t": "target"}
 BATCH_FLAGS = ("--max-tokens", "--batch-size")
+BPE_FILES = ("bpecodes", "code", "sentencepiece.bpe.model")  # the BPE codes, as fairseq's archives name them
 
 
 def hub():
@@ -77,18 +78,33 @@ def _downloaded(url):
         raise FileNotFoundError(f"could not download {url}: {err}") from err
     try:
         return _extracted(path, url)
-    except ValueError:
+    except ValueError as err:
         for downloaded in (path, path + ".json"):  # the file and fairseq's record of its URL
             if os.path.exists(downloaded):
                 os.remove(downloaded)
+        refusal = _refusal(url)
+        if refusal:
+            raise FileNotFoundError(f"could not download {url}: the server answered {refusal}") from err
         raise
+
+
+def _refusal(url):
+    """The server's answer to `url` where it is an error ("404 Not Found"), else None: fairseq's downloader
+    saves whatever the server sends, its error page too."""
+    import requests
+
+    try:
+        answer = requests.head(url, allow_redirects=True, timeout=60)
+    except requests.RequestException:  # no answer (or not an http URL): the archive's own error stands
+        return None
+    return None if answer.ok else f"{answer.status_code} {answer.reason}"
 
 
 def _extracted(archive, name=None):
     """A local archive, extracted once into the cache (the archive itself is left as it is). `name`: what
     the user called it (a URL), for messages."""
     name = name or archive
-    if zipfile.is_zipfile(archive):  # torch's checkpoints are zip files
+    if _is_checkpoint(archive):
         raise ValueError(f"{name} is a checkpoint, not an archive: give the folder that holds it beside its "
                          "dictionaries (dict.SRC.txt, dict.TGT.txt), or an archive of that folder")
     stat = os.stat(archive)
@@ -98,16 +114,10 @@ def _extracted(archive, name=None):
         return folder
     staging = f"{folder}.part{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    opened = False
-    try:
-        with tarfile.open(archive) as tar:
-            opened = True
-            tar.extractall(staging, filter="data")
-    except (tarfile.TarError, EOFError, OSError) as err:  # OSError: a compressed stream that ends early
+    wrong = _extract(archive, staging)
+    if wrong:
         shutil.rmtree(staging, ignore_errors=True)
-        what = (f"it ends early or is damaged: {type(err).__name__}: {err}" if opened
-                else "no tar archive, compressed or not, starts it")
-        raise ValueError(f"{name} is not a whole tar archive ({what}); download it again") from err
+        raise ValueError(f"{name} is not a whole tar archive ({wrong}); download it again")
     entries = os.listdir(staging)  # fairseq's archives hold one top folder
     inner = os.path.join(staging, entries[0]) if len(entries) == 1 and os.path.isdir(
         os.path.join(staging, entries[0])) else staging
@@ -115,6 +125,40 @@ def _extracted(archive, name=None):
     os.replace(inner, folder)
     shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _is_checkpoint(path):
+    """Whether `path` starts as torch's checkpoints do: a zip file since torch 1.6, a pickle of torch's magic
+    number before (the published archives' model.pt)."""
+    import pickle
+
+    from torch.serialization import MAGIC_NUMBER
+
+    legacy = pickle.dumps(MAGIC_NUMBER, protocol=2)
+    with open(path, "rb") as f:
+        return f.read(len(legacy)) == legacy or zipfile.is_zipfile(path)
+
+
+def _extract(archive, staging):
+    """Extract the tar archive into `staging`; returns what is wrong with it, or None."""
+    opened = False
+    try:
+        with tarfile.open(archive) as tar:
+            opened = True
+            tar.extractall(staging, filter="data")
+            if not _ends_with_its_marker(tar):
+                return "it ends before its end-of-archive marker"
+    except (tarfile.TarError, EOFError, OSError) as err:  # OSError: a compressed stream that ends early
+        return (f"it ends early or is damaged: {type(err).__name__}: {err}" if opened
+                else "no tar archive, compressed or not, starts it")
+    return None
+
+
+def _ends_with_its_marker(tar):
+    """Whether a block of zeros follows the last member, as it ends every whole tar archive: tarfile stops
+    without a word where a file cut short ends at (or within) a member's header."""
+    tar.fileobj.seek(tar.offset)
+    return tar.fileobj.read(tarfile.BLOCKSIZE) == tarfile.NUL * tarfile.BLOCKSIZE
 
 
 def _check_single_model(pretrained, folder, models):
@@ -243,11 +287,18 @@ def train_argv(pretrained, folder, checkpoint, row_argv, data=None):
 
 def write_folder(folder, converted, out, argv):
     """The output folder, laid out as the archive: model.pt (the converted checkpoint, `converted`), the
-    archive's dictionaries and BPE codes, and model.args (`argv`, the model's fairseq-train flags)."""
+    archive's dictionaries and BPE codes (a warning where it has none), and model.args (`argv`, the model's
+    fairseq-train flags)."""
+    bpe = [name for name in BPE_FILES if os.path.isfile(os.path.join(folder, name))]
+    if not bpe:
+        logger.warning(f"{folder} holds no BPE codes ({', '.join(BPE_FILES[:-1])} or {BPE_FILES[-1]}), only "
+                       f"{', '.join(sorted(os.listdir(folder)))}: {out} has none either; fairseq-interactive and "
+                       "from_pretrained need the codes the model was trained with (--bpe-codes FILE)")
+    copied = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, "dict.*.txt"))) + bpe
     os.makedirs(out, exist_ok=True)
-    for path in glob.glob(os.path.join(folder, "dict.*.txt")) + glob.glob(os.path.join(folder, "bpecodes")) + \
-            glob.glob(os.path.join(folder, "code")) + glob.glob(os.path.join(folder, "sentencepiece.bpe.model")):
-        shutil.copy(path, out)
+    for name in copied:
+        shutil.copy(os.path.join(folder, name), out)
     with open(os.path.join(out, "model.args"), "w") as f:
         f.write(shlex.join(argv) + "\n")
     os.replace(converted, os.path.join(out, "model.pt"))
+    logger.info(f"wrote {os.path.join(out, '')}: {', '.join(sorted(copied + ['model.args', 'model.pt']))}")

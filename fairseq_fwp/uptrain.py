@@ -165,7 +165,7 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
     Returns the names that were not copied."""
     if added_modules not in ADDED_MODULES:
         raise ValueError(f"added_modules must be one of {', '.join(ADDED_MODULES)}; got {added_modules!r}")
-    from fairseq import checkpoint_utils, options, tasks
+    from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
 
@@ -177,7 +177,7 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
     torch.manual_seed(cfg.common.seed)  # the new parameters' initialisation, as fairseq-train would draw it
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)  # builders settle some options (the LM's positions): compare after
-    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(softmax_checkpoint)  # a legacy `args` becomes its cfg
+    checkpoint = read_checkpoint(softmax_checkpoint)
     differences = computation_differences(checkpoint["cfg"]["model"], cfg.model)
     if differences:
         hint = " (fwp_transformer_lm: --fwp-positions on)" if any("positional" in d for d in differences) else ""
@@ -206,6 +206,18 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     torch.save(checkpoint, out)
     return fresh
+
+
+def read_checkpoint(path):
+    """A checkpoint as fairseq's loader reads it (a legacy `args` becomes its cfg), refused by name where it
+    has no config: nothing then says which model its weights are."""
+    from fairseq import checkpoint_utils
+
+    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(path)
+    if checkpoint.get("cfg") is None:
+        raise ValueError(f"{path} holds no model configuration (neither `args` nor `cfg`): nothing says which model "
+                         "its weights belong to; convert a checkpoint as fairseq-train saves it")
+    return checkpoint
 
 
 def final_learning_rate(checkpoint_path):
@@ -247,29 +259,30 @@ def convert_pretrained(pretrained, out, row_argv, added_modules="ungated", data=
     options, written as a model folder at `out`; `data` (binarised with the archive's dictionaries) gives
     attention transfer its batches. Returns (the names that were not copied, the model's fairseq-train
     flags: OUT/model.args)."""
-    from fairseq import checkpoint_utils
-
     from . import pretrained as published
 
     folder = published.fetch(pretrained)
     original = os.path.join(folder, "model.pt")
     logger.info(f"the original: {original} (the teacher of --criterion fwp_distillation)")
-    checkpoint = checkpoint_utils.load_checkpoint_to_cpu(original)
+    checkpoint = read_checkpoint(original)
     argv, model_args = published.train_argv(pretrained, folder, checkpoint, row_argv, data)
-    os.makedirs(out, exist_ok=True)
-    converted = os.path.join(out, "model.pt.part")
-    fresh = convert(original, converted, argv, transfer_steps, transfer_lr, added_modules,
-                    model_options=published.model_options(checkpoint))
-    published.write_folder(folder, converted, out, model_args)
+    converted = f"{os.path.normpath(out)}.model.pt.part"  # beside `out`: a conversion that fails makes no folder
+    try:
+        fresh = convert(original, converted, argv, transfer_steps, transfer_lr, added_modules,
+                        model_options=published.model_options(checkpoint))
+        published.write_folder(folder, converted, out, model_args)
+    finally:
+        if os.path.exists(converted):  # what a save that failed left
+            os.remove(converted)
     return fresh, model_args
 
 
-def finetune_command(out, data):
-    """The fairseq-train command that finetunes a conversion of --pretrained at `out` (its model.args), with a
-    finetuning recipe of the published models' kind; more flags may follow it."""
-    return shlex.join(["fairseq-train", data or "DATA"]) + f" $(cat {shlex.quote(os.path.join(out, 'model.args'))}) " + \
-        shlex.join(["--finetune-from-model", os.path.join(out, "model.pt"), *FINETUNE_RECIPE,
-                    "--save-dir", os.path.join(out, "finetuned")])
+def finetune_command(out, data, model_args):
+    """The fairseq-train command that finetunes a conversion of --pretrained at `out`, its model's flags
+    (`model_args`, what model.args holds) inline, with a finetuning recipe of the published models' kind;
+    more flags may follow it."""
+    return shlex.join(["fairseq-train", data or "DATA", *model_args, "--finetune-from-model",
+                       os.path.join(out, "model.pt"), *FINETUNE_RECIPE, "--save-dir", os.path.join(out, "finetuned")])
 
 
 # Finetuning after --pretrained, as the published models were trained (Ott et al., 2018), with warmup anew.
@@ -313,14 +326,14 @@ def main(argv=None):
             parser.error("--attention-transfer-steps reads training batches: with --pretrained, give --data (the "
                          "training data, binarised with the archive's dictionaries) and --max-tokens after --")
         try:
-            fresh, _ = convert_pretrained(args.pretrained, args.out, argv[split + 1:], args.added_modules, args.data,
-                                          args.attention_transfer_steps, args.attention_transfer_lr)
+            fresh, model_args = convert_pretrained(args.pretrained, args.out, argv[split + 1:], args.added_modules,
+                                                   args.data, args.attention_transfer_steps, args.attention_transfer_lr)
         except (ValueError, FileNotFoundError) as err:
             raise SystemExit(f"uptrain: {err}")
-        logger.info(f"wrote {args.out}/ (model.pt, the dictionaries, the BPE codes, model.args); initialised "
-                    f"afresh: {', '.join(fresh) if fresh else 'nothing'}\nnext, finetune it"
+        logger.info(f"initialised afresh: {', '.join(fresh) if fresh else 'nothing'}\nnext, finetune it"
                     f"{'' if args.data else ' on your training data binarised with its dictionaries'} (more flags may "
-                    f"follow: --max-update, --update-freq, --fp16, ...):\n  {finetune_command(args.out, args.data)}")
+                    f"follow: --max-update, --update-freq, --fp16, ...):\n  "
+                    f"{finetune_command(args.out, args.data, model_args)}")
         return
     if args.data:
         parser.error("--data is for --pretrained: with --softmax-checkpoint the data comes first after --")

@@ -4,6 +4,10 @@ stand-in is converted, then loaded through fairseq's own loader: it must come ba
 compute differently where its row changes the computation, and compute as the original with softmax
 attention."""
 import os
+import re
+import shlex
+import subprocess
+import tarfile
 
 import pytest
 import torch
@@ -101,6 +105,7 @@ def test_the_row_flags_are_checked_against_the_checkpoints_own_model(tmp_path):
     assert fast_weight_attentions(converted) == 3 * 8 - 3  # layer 7's three attentions stay softmax
     with pytest.raises(ValueError, match="layer 8 does not exist.*8 encoder layers"):
         uptrain.convert_pretrained(str(folder), str(tmp_path / "bad"), ["--fwp-softmax-layers", "8"])
+    assert sorted(os.listdir(tmp_path)) == ["deep", "hybrid"]  # no --out folder, no part of a model beside it
 
 
 def test_only_the_flags_uptrain_uses_are_taken_after_the_separator(archives, tmp_path):
@@ -140,6 +145,57 @@ def test_a_language_models_checkpoint_is_refused_as_one(tmp_path):
     with pytest.raises(ValueError, match="checkpoint of a language_modeling model .* convert a language model with "
                                          "--softmax-checkpoint"):
         uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), [])
+
+
+@pytest.mark.parametrize("config", ["absent", "None"])
+def test_a_checkpoint_without_a_config_is_named_with_what_it_lacks(tmp_path, config):
+    folder = tiny_archive(tmp_path / "model")
+    checkpoint = torch.load(folder / "model.pt", weights_only=False)
+    del checkpoint["args"]
+    if config == "None":
+        checkpoint.update(args=None, cfg=None)
+    torch.save(checkpoint, folder / "model.pt")
+    lacks = rf"{re.escape(str(folder / 'model.pt'))} holds no model configuration \(neither `args` nor `cfg`\)"
+    with pytest.raises(ValueError, match=lacks):
+        uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), DPFP_SUM)
+    with pytest.raises(ValueError, match=lacks):
+        uptrain.convert(str(folder / "model.pt"), str(tmp_path / "x.pt"), [
+            str(folder), "--task", "translation", "-s", "en", "-t", "de", "--arch", "transformer", *map(str, TINY)])
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def test_an_archive_without_bpe_codes_says_what_it_holds_and_lacks(tmp_path, caplog):
+    folder = tiny_archive(tmp_path / "model")
+    os.remove(folder / "bpecodes")
+    with caplog.at_level("INFO", logger="fairseq_fwp.uptrain"):
+        uptrain.main(["--pretrained", str(folder), "--out", str(tmp_path / "out"), "--", *DPFP_SUM])
+    assert (f"{folder} holds no BPE codes (bpecodes, code or sentencepiece.bpe.model), only dict.de.txt, dict.en.txt, "
+            "model.pt") in caplog.text
+    assert f"wrote {tmp_path / 'out'}/: dict.de.txt, dict.en.txt, model.args, model.pt" in caplog.text
+    assert sorted(os.listdir(tmp_path / "out")) == ["dict.de.txt", "dict.en.txt", "model.args", "model.pt"]
+
+
+@pytest.mark.slow  # bash
+def test_the_printed_finetune_command_gives_each_argument_whole(tmp_path, monkeypatch, caplog):
+    """Paths with spaces (the plugin's, --out's, --data's) reach fairseq-train as one argument each when the
+    printed command runs in bash (here fairseq-train is a function that lists its arguments)."""
+    from fairseq_fwp import pretrained
+
+    plugin = tmp_path / "my plugins" / "fairseq_fwp"
+    plugin.parent.mkdir()
+    plugin.symlink_to(pretrained.PLUGIN_DIR)
+    monkeypatch.setattr(pretrained, "PLUGIN_DIR", str(plugin))
+    monkeypatch.setattr(fairseq_fwp, "__path__", [*fairseq_fwp.__path__, str(plugin)])  # fairseq's --user-dir check
+    data, out = tiny_archive(tmp_path / "my data"), tmp_path / "my models" / "dpfp"  # the archive's dictionaries
+    with caplog.at_level("INFO", logger="fairseq_fwp.uptrain"):
+        uptrain.main(["--pretrained", str(data), "--out", str(out), "--data", str(data), "--", *DPFP_SUM])
+    command = caplog.text.split("next, finetune it")[1].split(":\n  ", 1)[1].splitlines()[0]
+    listed = subprocess.run(["bash", "-c", 'fairseq-train() { printf "%s\\0" "$@"; }; ' + command],
+                            capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
+    model_args = shlex.split((out / "model.args").read_text())
+    assert model_args[:2] == ["--user-dir", str(plugin)]
+    assert listed[:1 + len(model_args)] == [str(data), *model_args]
+    assert listed[listed.index("--finetune-from-model") + 1] == str(out / "model.pt")
 
 
 @pytest.fixture
@@ -189,14 +245,49 @@ def test_every_route_of_pretrained_converts(served, archives, tmp_path, monkeypa
     assert sorted(os.listdir(tmp_path / "hub")) == ["bpecodes", "dict.de.txt", "dict.en.txt", "model.args", "model.pt"]
 
 
+def caches_are_empty(served):
+    return not os.listdir(served["fairseq cache"]) and (not served["cache"].exists() or not os.listdir(served["cache"]))
+
+
 def test_a_broken_archive_is_named_and_leaves_nothing_in_the_caches(served, archives, tmp_path):
     for source in (f"{served['url']}/truncated.tar.bz2", served["root"] / "truncated.tar.bz2"):
         with pytest.raises(SystemExit, match=r"truncated\.tar\.bz2 is not a whole tar archive .*download it again"):
             converts(source, tmp_path / "out")
-    assert not os.listdir(served["fairseq cache"])  # the download that did not extract
-    assert not served["cache"].exists() or not os.listdir(served["cache"])  # no half-extracted folder
+    assert caches_are_empty(served)  # neither the download that did not extract nor a half-extracted folder
+
+
+def test_a_url_the_server_refuses_is_named_with_its_answer(served, tmp_path):
+    with pytest.raises(SystemExit, match=r"could not download http://\S+/missing\.tar\.bz2: the server answered 404"):
+        converts(f"{served['url']}/missing.tar.bz2", tmp_path / "out")
+    assert caches_are_empty(served)
+
+
+def test_a_tar_cut_between_its_members_is_refused_and_downloaded_again(served, archives, tmp_path):
+    """Read to its end, an uncompressed tar cut where a member starts ends without an error: its dictionaries
+    alone must not be cached as the archive, so that the next try downloads it again."""
+    whole = tmp_path / "whole.tar"
+    with tarfile.open(whole, "w") as tar:
+        tar.add(archives["args", True], arcname="wmt-standin.en-de")
+    with tarfile.open(whole) as tar:
+        cut = tar.getmember("wmt-standin.en-de/model.pt").offset
+    (served["root"] / "model.tar").write_bytes(whole.read_bytes()[:cut])
+    for source in (f"{served['url']}/model.tar", served["root"] / "model.tar"):
+        with pytest.raises(SystemExit, match=r"model\.tar is not a whole tar archive \(it ends before its "
+                                             r"end-of-archive marker\); download it again"):
+            converts(source, tmp_path / "out")
+    assert caches_are_empty(served)
+    os.replace(whole, served["root"] / "model.tar")  # served whole at the same URL
+    assert converts(f"{served['url']}/model.tar", tmp_path / "out")
+
+
+@pytest.mark.parametrize("format", ["pickle", "zip"])  # as torch saved before 1.6 (the published ones), and since
+def test_a_checkpoint_given_as_the_archive_is_told_to_give_its_folder(archives, tmp_path, format):
+    checkpoint = archives["args", True] / "model.pt"
+    if format == "zip":
+        torch.save(torch.load(checkpoint, weights_only=False), tmp_path / "model.pt")
+        checkpoint = tmp_path / "model.pt"
     with pytest.raises(SystemExit, match=r"model\.pt is a checkpoint, not an archive: give the folder that holds it"):
-        converts(archives["args", True] / "model.pt", tmp_path / "out")
+        converts(checkpoint, tmp_path / "out")
 
 
 @pytest.mark.slow

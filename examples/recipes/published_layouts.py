@@ -13,7 +13,8 @@ fairseq upgrades when it loads them (``upgrade_state_dict_named``):
 
 ``write_archive`` builds a softmax Transformer of any fairseq architecture with random weights, through
 ``TransformerModel.build_model(args, task)`` as old fairseq did, saves it in one layout and packs it as
-fairseq packs its archives: a folder with model.pt, dict.SRC.txt, dict.TGT.txt and bpecodes.
+fairseq packs its archives: a folder with model.pt, dict.SRC.txt, dict.TGT.txt and bpecodes. model.pt is a
+pickle, not a zip file: torch saved so before 1.6.
 """
 import argparse
 import os
@@ -58,7 +59,7 @@ def write_archive(folder, arch, layout="args", model_flags=(), source="en", targ
         {"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
          "lr_scheduler_state": {"best": None}, "num_updates": 1000}],
         "extra_state": {"train_iterator": {"epoch": 1}, "val_loss": None}, "last_optimizer_state": None},
-        os.path.join(folder, "model.pt"))
+        os.path.join(folder, "model.pt"), _use_new_zipfile_serialization=False)
     return args
 
 
