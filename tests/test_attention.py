@@ -78,8 +78,8 @@ def test_auto_logs_each_choice_once_per_model_with_its_reason(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "fairseq_fwp.backend"]
     assert lines == ["--fwp-backend auto runs chunked (auto on cpu torch.float32, D = 16, rule delta; not fla: "
                      "cpu tensors)",
-                     "--fwp-backend auto fuses each decoding step of delta (csrc/fast_weight_step.h)",
-                     "--fwp-backend auto fuses each decoding read of the source memory (csrc/fast_weight_step.h)"]
+                     "--fwp-decoding-step auto fuses each decoding step of delta (csrc/fast_weight_step.h)",
+                     "--fwp-decoding-step auto fuses each decoding read of the source memory (csrc/fast_weight_step.h)"]
 
 
 @pytest.mark.parametrize("rule", ["sum", "delta"])

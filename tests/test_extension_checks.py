@@ -49,8 +49,8 @@ def test_a_feature_map_without_out_dim_or_with_a_wrong_one_is_refused_when_regis
             def forward(self, x):
                 return x
 
-    with pytest.raises(ValueError, match=r"feature map 'doubling': Doubling\(8\) says out_dim = 8, but maps vectors "
-                                         r"of size 8 to size 16"):
+    with pytest.raises(ValueError, match=r"feature map 'doubling': Doubling\(64\) says out_dim = 64, but maps vectors "
+                                         r"of size 64 to size 128"):
         @register_feature_map("doubling")
         class Doubling(FeatureMap):
             def __init__(self, head_dim):
@@ -60,6 +60,41 @@ def test_a_feature_map_without_out_dim_or_with_a_wrong_one_is_refused_when_regis
             def forward(self, x):
                 return torch.cat([x.relu(), (-x).relu()], -1)
     assert "sizeless" not in FEATURE_MAPS and "doubling" not in FEATURE_MAPS
+
+
+class Blocks16(FeatureMap):
+    """A map of blocks of 16 channels: heads of a multiple of 16 only."""
+
+    def __init__(self, head_dim):
+        super().__init__()
+        if head_dim % 16:
+            raise ValueError(f"head_dim must be a multiple of 16, got {head_dim}")
+        self.out_dim = head_dim
+
+    def forward(self, x):
+        return torch.nn.functional.elu(x) + 1
+
+
+def test_a_map_that_needs_heads_of_a_multiple_of_16_registers_and_builds_where_they_are(registered):
+    register_feature_map("blocks16")(Blocks16)
+    model, _ = build_lm_model("--fwp-feature-map", "blocks16")  # heads of 16
+    assert type(model.decoder.layers[0].self_attn.feature_map) is Blocks16
+    with pytest.raises(ValueError, match=r"--fwp-feature-map blocks16: with heads of 8: Blocks16\(8\) cannot be "
+                                         r"built \(ValueError: head_dim must be a multiple of 16, got 8\)"):
+        build_lm_model("--fwp-feature-map", "blocks16", "--decoder-attention-heads", "8")
+
+
+def test_a_map_that_builds_at_no_probe_size_is_refused_when_registered(registered):
+    class Odd(Blocks16):
+        def __init__(self, head_dim):
+            if head_dim % 2 == 0:
+                raise ValueError("odd heads only")
+            super().__init__(head_dim)
+
+    with pytest.raises(ValueError, match=r"feature map 'odd' cannot be built at any head size of \(64, 128, 32, 16, "
+                                         r"8\) \(Odd\(64\) cannot be built \(ValueError: odd heads only\);"):
+        register_feature_map("odd")(Odd)
+    assert "odd" not in FEATURE_MAPS
 
 
 def test_registering_a_random_map_leaves_torchs_generator_where_it_was(registered):

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Optional
 
 from ..ops.rules import update_rule
-from .feature_maps import QK_NORMS, OptionError, feature_map_class
+from .feature_maps import QK_NORMS, OptionError, feature_map_class, mapped
 from .gates import DECAY_FORMS
 
 DECODING_STEPS = ("auto", "fused", "own")  # --fwp-decoding-step (fused_step.py says what auto runs)
@@ -129,10 +129,15 @@ def check(options):
     if options.householder_steps < 1:
         raise OptionsError(options, ("householder_steps",), "an integer >= 1")
     update_rule(options.update_rule)
+    map_class = feature_map_class(options.feature_map)
     try:
-        feature_map_class(options.feature_map).check_options(options.head_dim, **dict(options.feature_map_options))
+        map_class.check_options(options.head_dim, **dict(options.feature_map_options))
     except OptionError as err:
         raise OptionsError(options, (f"feature_map_options.{err.option}",), str(err)) from None
+    try:  # a map of a user's own may have conditions of its own (a head size it needs), checked here too
+        mapped(map_class, options.head_dim, **dict(options.feature_map_options))
+    except ValueError as err:
+        raise OptionsError(options, ("feature_map",), f"with heads of {options.head_dim}: {err}") from None
     for rule in RULES:
         if rule.refuses(options):
             raise OptionsError(options, rule.options, rule.why)

@@ -24,41 +24,63 @@ QK_NORMS = ("sum", "l2", "none")
 FEATURE_MAPS = {}  # name -> FeatureMap subclass: the registry, in registration order
 
 
-PROBE_HEAD_DIM = 8  # the head size a registration is checked at
+PROBE_HEAD_DIMS = (64, 128, 32, 16, 8)  # a registration is checked at the first the map can be built at
 
 
 def register_feature_map(name):
     """Class decorator, in fairseq's style: registers a FeatureMap subclass under `name`, the value
     --fwp-feature-map takes. The class is built as cls(head_dim, **options) and has ``out_dim``, which the
-    registration checks: it builds the map with its default options (without touching torch's random
-    generator) and maps a few vectors, whose size must be out_dim."""
+    registration checks (mapped): at the first head size of PROBE_HEAD_DIMS (those of the built-in
+    architectures) that it can be built at with its default options. A model checks its own head size when
+    its arguments are parsed (attention_options.py)."""
     def register(cls):
         if not (isinstance(cls, type) and issubclass(cls, FeatureMap)):
             raise ValueError(f"feature map {name!r}: register a FeatureMap subclass, got {cls!r}")
         if name in FEATURE_MAPS or name == "softmax":
             raise ValueError(f"feature map {name!r} is registered already")
-        _check_out_dim(name, cls)
+        _check_at_a_probe_size(name, cls)
         FEATURE_MAPS[name] = cls
         return cls
     return register
 
 
-def _check_out_dim(name, cls):
+class UnbuildableError(ValueError):
+    """A feature map that cannot be built at a head size (with these options)."""
+
+
+def mapped(cls, head_dim, **options):
+    """Builds cls(head_dim, **options) and maps a few vectors, without touching torch's random generator;
+    raises UnbuildableError where it cannot be built, ValueError where it sets no out_dim or maps to another size."""
     with torch.random.fork_rng(devices=[]):
         try:
-            phi = cls(PROBE_HEAD_DIM)
-            got = phi(torch.randn(2, 3, PROBE_HEAD_DIM)).shape[-1]
+            phi = cls(head_dim, **options)
         except Exception as err:
-            raise ValueError(f"feature map {name!r}: {cls.__name__}({PROBE_HEAD_DIM}) could not map vectors of "
-                             f"size {PROBE_HEAD_DIM} ({type(err).__name__}: {err}); a map takes the head size and "
-                             "keyword options with defaults") from err
+            raise UnbuildableError(f"{cls.__name__}({head_dim}) cannot be built ({type(err).__name__}: {err})") from err
+        try:
+            got = phi(torch.randn(2, 3, head_dim)).shape[-1]
+        except Exception as err:
+            raise ValueError(f"{cls.__name__}({head_dim}) could not map vectors of size {head_dim} "
+                             f"({type(err).__name__}: {err})") from err
     out_dim = getattr(phi, "out_dim", None)
     if not isinstance(out_dim, int):
-        raise ValueError(f"feature map {name!r}: {cls.__name__} sets no out_dim (in __init__: self.out_dim = D, the "
-                         "size of phi(x), which the fast weights are D x Dv of)")
+        raise ValueError(f"{cls.__name__} sets no out_dim (in __init__: self.out_dim = D, the size of phi(x), which "
+                         "the fast weights are D x Dv of)")
     if got != out_dim:
-        raise ValueError(f"feature map {name!r}: {cls.__name__}({PROBE_HEAD_DIM}) says out_dim = {out_dim}, but maps "
-                         f"vectors of size {PROBE_HEAD_DIM} to size {got}")
+        raise ValueError(f"{cls.__name__}({head_dim}) says out_dim = {out_dim}, but maps vectors of size {head_dim} "
+                         f"to size {got}")
+
+
+def _check_at_a_probe_size(name, cls):
+    unbuildable = []
+    for head_dim in PROBE_HEAD_DIMS:
+        try:
+            return mapped(cls, head_dim)
+        except UnbuildableError as err:
+            unbuildable.append(str(err))
+        except ValueError as err:
+            raise ValueError(f"feature map {name!r}: {err}") from err
+    raise ValueError(f"feature map {name!r} cannot be built at any head size of {PROBE_HEAD_DIMS} "
+                     f"({'; '.join(unbuildable)}); a map takes the head size and keyword options with defaults")
 
 
 def sum_normalize(phi, eps=1e-6):
