@@ -102,21 +102,23 @@ def run_row(row, shape, length, steps, device, profile_ops=0, small=False):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         synchronize()
+        return loss.detach()
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times = []
+    times, losses = [], []
     for _ in range(steps + 1):
         start = time.perf_counter()
-        step()
+        losses.append(step())
         times.append(time.perf_counter() - start)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda"
             else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024)
     later = times[1:] or times  # a warm-up (steps = 0) has its first step only
     result = {"tokens_per_s": tokens_per_step * len(later) / sum(later), "peak_mb": peak, "first_step_s": times[0],
-              "step_s": statistics.median(later), "backends": seen.names or ["softmax attention"]}
+              "step_s": statistics.median(later), "backends": seen.names or ["softmax attention"],
+              "losses": [float(x) for x in losses]}  # the same batch at every step: they fall
     if profile_ops:
         result["profile"] = profiled_step(step, device, profile_ops)
     logging.getLogger("fairseq_fwp.backend").removeHandler(seen)
