@@ -162,3 +162,14 @@ def test_hydras_deprecation_warnings_are_silenced():
     stderr = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stderr
     warned = [line for line in stderr.splitlines() if "Warning" in line]
     assert warned == ["<string>:1: UserWarning: still shown"], stderr[-2000:]
+
+
+def test_cross_self_attention_is_refused_where_the_decoder_self_attention_has_fast_weights():
+    """fairseq's --cross-self-attention hands the decoder self-attention the source beside the target: a
+    fast-weight memory written one target token at a time has no place for it (it crashed at the first
+    forward). Where every decoder layer keeps softmax attention, it is fairseq's own."""
+    from helpers import build_translation_model
+
+    with pytest.raises(ValueError, match=r"--cross-self-attention with --fwp-feature-map linear: "):
+        build_translation_model("--cross-self-attention")
+    build_translation_model("--cross-self-attention", "--fwp-softmax-layers", "0,1")

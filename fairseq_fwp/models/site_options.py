@@ -137,6 +137,11 @@ def attention_plan(cfg, stacks):
             plan[site] = AttentionOptions(**site_options(cfg, site))
         except OptionsError as err:
             raise ValueError(err.render(lambda name, value: _flag(cfg, site, name, value))) from None
+    if "decoder-self" in plan and getattr(cfg, "cross_self_attention", False):
+        raise ValueError(f"--cross-self-attention with --fwp-feature-map {cfg.fwp_feature_map}: fairseq's cross-self-"
+                         "attention gives the decoder self-attention the source beside the target, and a fast weight "
+                         "written one target token at a time has no place for it (leave it out, or keep the decoder "
+                         "layers' softmax attention: --fwp-softmax-layers)")
     return AttentionPlan(plan, layers)
 
 
