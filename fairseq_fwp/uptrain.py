@@ -60,23 +60,30 @@ COMPUTATION_FIELDS = (
     "decoder_input_dim", "decoder_output_dim", "activation_fn",
     "encoder_normalize_before", "decoder_normalize_before", "no_decoder_final_norm", "layernorm_embedding",
     "no_scale_embedding", "no_token_positional_embeddings", "encoder_learned_pos", "decoder_learned_pos",
-    "share_all_embeddings", "share_decoder_input_output_embed", "adaptive_input", "adaptive_softmax_cutoff",
-    "tie_adaptive_weights", "cross_self_attention", "no_cross_attention",
+    "share_all_embeddings", "share_decoder_input_output_embed", "adaptive_input", "adaptive_input_factor",
+    "adaptive_input_cutoff", "adaptive_softmax_cutoff", "adaptive_softmax_factor", "tie_adaptive_weights",
+    "tie_adaptive_proj", "character_embeddings", "cross_self_attention", "no_cross_attention",
 )
 
 
 def computation_differences(source, target, labels=("softmax", "fast-weight")):
     """``name: softmax X, fast-weight Y`` (or other labels) for every COMPUTATION_FIELDS option the two model
     configs set differently (options one of them lacks are skipped; unset counts as off; a number typed on a
-    command line, which some of fairseq's options keep as its text, equals the number)."""
+    command line, which some of fairseq's options keep as its text, equals the number, and 4 equals 4.0)."""
     def value(cfg, name):
         x = getattr(cfg, name, None)
         return str(False if x is None else x)
 
+    def number_or_text(text):
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
     missing = object()
     return [f"{name}: {labels[0]} {value(source, name)}, {labels[1]} {value(target, name)}" for name in COMPUTATION_FIELDS
             if getattr(source, name, missing) is not missing and getattr(target, name, missing) is not missing
-            and value(source, name) != value(target, name)]
+            and number_or_text(value(source, name)) != number_or_text(value(target, name))]
 
 
 def model_differences(saved, model):
@@ -157,17 +164,20 @@ ADDED_MODULES = ("ungated", "fresh")
 
 
 def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=DEFAULT_LR, added_modules="ungated",
-            model_options=None):
+            model_options=None, checkpoint=None):
     """Build the model fairseq-train would build from train_argv (with `model_options`, {option: value},
     applied over the parsed arguments), fill it from the softmax checkpoint, start its added gates and
     convolutions as ungated (or keep them fresh; ADDED_MODULES), train its attentions on the softmax ones
     for `transfer_steps` steps (attention_transfer.py), and save a complete checkpoint of it at `out`.
-    Returns the names that were not copied."""
+    `checkpoint`: the softmax checkpoint as read_checkpoint read it already (its weights are taken out of it),
+    so that a big model's weights are read once. Returns the names that were not copied."""
     if added_modules not in ADDED_MODULES:
         raise ValueError(f"added_modules must be one of {', '.join(ADDED_MODULES)}; got {added_modules!r}")
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
+
+    from .models.fwp_config import writable
 
     args = options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in train_argv])
     for name, value in (model_options or {}).items():
@@ -175,9 +185,13 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
             setattr(args, name, value)
     cfg = convert_namespace_to_omegaconf(args)
     torch.manual_seed(cfg.common.seed)  # the new parameters' initialisation, as fairseq-train would draw it
+    checkpoint = checkpoint or read_checkpoint(softmax_checkpoint)
     task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)  # builders settle some options (the LM's positions): compare after
-    checkpoint = read_checkpoint(softmax_checkpoint)
+    model = task.build_model(cfg.model)
+    settle = getattr(model, "settle_options", None)
+    if settle is not None:
+        with writable(cfg.model):  # options the builder settles (the LM's positions), as it settled them
+            settle(cfg.model)
     differences = computation_differences(checkpoint["cfg"]["model"], cfg.model)
     if differences:
         hint = " (fwp_transformer_lm: --fwp-positions on)" if any("positional" in d for d in differences) else ""
@@ -254,41 +268,54 @@ def transfer_attention(teacher, model, task, cfg, steps, lr):
 
 def convert_pretrained(pretrained, out, row_argv, added_modules="ungated", data=None, transfer_steps=0,
                        transfer_lr=DEFAULT_LR):
-    """A published fairseq translation model (pretrained.py: a hub name, URL, archive or folder) converted
-    into the fast-weight model the --fwp-* flags of `row_argv` name, with the original's own architecture and
-    options, written as a model folder at `out`; `data` (binarised with the archive's dictionaries) gives
-    attention transfer its batches. Returns (the names that were not copied, the model's fairseq-train
-    flags: OUT/model.args)."""
-    from . import pretrained as published
+    """A published fairseq translation or language model (pretrained.py: a hub name, URL, archive or folder)
+    converted into the fast-weight model the --fwp-* flags of `row_argv` name, with the original's own
+    architecture and options (published_model.py), written as a model folder at `out`; `data` (binarised
+    with the archive's dictionaries) gives attention transfer its batches. Returns (the names that were not
+    copied, the model's fairseq-train flags: OUT/model.args)."""
+    from . import pretrained as archives
+    from . import published_model
 
-    folder = published.fetch(pretrained)
+    folder = archives.fetch(pretrained)
     original = os.path.join(folder, "model.pt")
     logger.info(f"the original: {original} (the teacher of --criterion fwp_distillation)")
     checkpoint = read_checkpoint(original)
-    argv, model_args = published.train_argv(pretrained, folder, checkpoint, row_argv, data)
+    twin = published_model.twin(pretrained, folder, checkpoint, row_argv, data, archives.hub().get(pretrained))
     converted = f"{os.path.normpath(out)}.model.pt.part"  # beside `out`: a conversion that fails makes no folder
     try:
-        fresh = convert(original, converted, argv, transfer_steps, transfer_lr, added_modules,
-                        model_options=published.model_options(checkpoint))
-        published.write_folder(folder, converted, out, model_args)
+        fresh = convert(original, converted, twin.argv, transfer_steps, transfer_lr, added_modules,
+                        model_options=twin.options, checkpoint=checkpoint)
+        published_model.write_folder(folder, converted, out, twin)
     finally:
         if os.path.exists(converted):  # what a save that failed left
             os.remove(converted)
-    return fresh, model_args
+    return fresh, twin.model_args
 
 
 def finetune_command(out, data, model_args):
     """The fairseq-train command that finetunes a conversion of --pretrained at `out`, its model's flags
-    (`model_args`, what model.args holds) inline, with a finetuning recipe of the published models' kind;
+    (`model_args`, what model.args holds) inline, with the finetuning recipe of its task (FINETUNE_RECIPES);
     more flags may follow it."""
+    task = model_args[model_args.index("--task") + 1]
+    recipe = FINETUNE_RECIPES[task] + (ADAPTIVE_LOSS if "--adaptive-softmax-cutoff" in model_args else [])
     return shlex.join(["fairseq-train", data or "DATA", *model_args, "--finetune-from-model",
-                       os.path.join(out, "model.pt"), *FINETUNE_RECIPE, "--save-dir", os.path.join(out, "finetuned")])
+                       os.path.join(out, "model.pt"), *recipe, "--save-dir", os.path.join(out, "finetuned")])
 
 
-# Finetuning after --pretrained, as the published models were trained (Ott et al., 2018), with warmup anew.
-FINETUNE_RECIPE = ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
-                   "--adam-betas", "(0.9,0.98)", "--lr", "0.0005", "--lr-scheduler", "inverse_sqrt",
-                   "--warmup-updates", "1000", "--max-tokens", "3584"]
+# Finetuning after --pretrained, with warmup anew. Translation as the published models were trained (Ott et
+# al., 2018). A language model on fwp_stream_lm: 6 streams of 512-token segments (the 3,072 tokens per batch
+# of Baevski and Auli's WikiText-103 model) with the fast weights carried from one segment to the next
+# (the paper's Table 4), Adam at a tenth of a from-scratch rate.
+FINETUNE_RECIPES = {
+    "translation": ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
+                    "--adam-betas", "(0.9,0.98)", "--lr", "0.0005", "--lr-scheduler", "inverse_sqrt",
+                    "--warmup-updates", "1000", "--max-tokens", "3584"],
+    "language_modeling": ["--task", "fwp_stream_lm", "--tokens-per-sample", "512", "--batch-size", "6",
+                          "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--clip-norm", "0.1", "--lr", "0.0001",
+                          "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "1000"],
+}
+# An adaptive softmax (the WikiText-103 model's) trains with its own loss, which needs fairseq's own DDP.
+ADAPTIVE_LOSS = ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
 
 
 def main(argv=None):
@@ -304,9 +331,9 @@ def main(argv=None):
     source.add_argument("--softmax-checkpoint", help="a checkpoint of fairseq-train (give the fast-weight model's "
                                                      "fairseq-train arguments after --)")
     source.add_argument("--pretrained", metavar="NAME|URL|PATH",
-                        help="a published fairseq translation model: a name of fairseq's hub (e.g. "
-                             "transformer.wmt16.en-de), an archive's URL, a local archive or folder (give only the "
-                             "--fwp-* flags after --; --out is then a folder)")
+                        help="a published fairseq translation or language model: a name of fairseq's hub (e.g. "
+                             "transformer.wmt16.en-de, transformer_lm.wiki103.adaptive), an archive's URL, a local "
+                             "archive or folder (give only the --fwp-* flags after --; --out is then a folder)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", help="with --pretrained: the training data, binarised with the archive's "
                                        "dictionaries (attention transfer's batches; the printed finetune command)")

@@ -1,6 +1,10 @@
 """Helpers of the test suite, in one place: random op inputs and the comparisons on them, and tiny fairseq
-models built in-process through fairseq's own argument parsing."""
+models built in-process through fairseq's own argument parsing, and a web server for the downloads."""
+import contextlib
+import functools
+import http.server
 import os
+import threading
 import types
 
 import torch
@@ -175,3 +179,18 @@ def random_tokens(d, lengths, seed=0, left_pad=True):
         else:
             tokens[i, :n] = row
     return tokens
+
+
+# -- a web server for the downloads ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serving(root):
+    """The folder `root` served over HTTP on 127.0.0.1, from a thread of this process; yields its URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

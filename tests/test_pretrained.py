@@ -94,7 +94,8 @@ def test_an_ensemble_is_refused_naming_its_single_model(tmp_path, monkeypatch):
 
     for name in ("model1.pt", "model2.pt", "dict.en.txt"):
         (tmp_path / name).write_text("")
-    monkeypatch.setattr(pretrained, "hub", lambda: {"x.ensemble": str(tmp_path), "x.ensemble.single_model": "u"})
+    monkeypatch.setattr(pretrained, "hub", lambda: {"x.ensemble": {"path": str(tmp_path), "task": "translation"},
+                                                    "x.ensemble.single_model": {"path": "u", "task": "translation"}})
     with pytest.raises(ValueError, match=r"ensemble of 2 models \(model1.pt, model2.pt\).*--pretrained "
                                          r"x.ensemble.single_model instead"):
         pretrained.fetch("x.ensemble")

@@ -137,14 +137,17 @@ def test_a_language_pair_that_nothing_tells_is_asked_for(tmp_path):
         uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), ["--source-lang", "fr"])
 
 
-def test_a_language_models_checkpoint_is_refused_as_one(tmp_path):
+def test_a_translation_model_whose_task_says_language_modeling_is_refused_as_no_language_model(tmp_path):
     folder = tiny_archive(tmp_path / "lm")
     checkpoint = torch.load(folder / "model.pt", weights_only=False)
     checkpoint["args"].task = "language_modeling"
     torch.save(checkpoint, folder / "model.pt")
-    with pytest.raises(ValueError, match="checkpoint of a language_modeling model .* convert a language model with "
-                                         "--softmax-checkpoint"):
+    with pytest.raises(ValueError, match=r"model\.pt is the checkpoint of a language_modeling task, but its model, "
+                                         r"transformer_vaswani_wmt_en_de_big \(fairseq's TransformerModel\), is no "
+                                         r"language model: --pretrained converts a language_modeling checkpoint of "
+                                         r"TransformerLanguageModel \(arch transformer_lm, "):
         uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), [])
+    assert sorted(os.listdir(tmp_path)) == ["lm"]
 
 
 @pytest.mark.parametrize("config", ["absent", "None"])
@@ -179,12 +182,12 @@ def test_an_archive_without_bpe_codes_says_what_it_holds_and_lacks(tmp_path, cap
 def test_the_printed_finetune_command_gives_each_argument_whole(tmp_path, monkeypatch, caplog):
     """Paths with spaces (the plugin's, --out's, --data's) reach fairseq-train as one argument each when the
     printed command runs in bash (here fairseq-train is a function that lists its arguments)."""
-    from fairseq_fwp import pretrained
+    from fairseq_fwp import published_model
 
     plugin = tmp_path / "my plugins" / "fairseq_fwp"
     plugin.parent.mkdir()
-    plugin.symlink_to(pretrained.PLUGIN_DIR)
-    monkeypatch.setattr(pretrained, "PLUGIN_DIR", str(plugin))
+    plugin.symlink_to(published_model.PLUGIN_DIR)
+    monkeypatch.setattr(published_model, "PLUGIN_DIR", str(plugin))
     monkeypatch.setattr(fairseq_fwp, "__path__", [*fairseq_fwp.__path__, str(plugin)])  # fairseq's --user-dir check
     data, out = tiny_archive(tmp_path / "my data"), tmp_path / "my models" / "dpfp"  # the archive's dictionaries
     with caplog.at_level("INFO", logger="fairseq_fwp.uptrain"):
@@ -202,29 +205,20 @@ def test_the_printed_finetune_command_gives_each_argument_whole(tmp_path, monkey
 def served(archives, tmp_path, monkeypatch):
     """The stand-in packed as fairseq's archives are (model.tar.bz2: one top folder), served over HTTP on
     127.0.0.1, with fairseq's download cache and ours in tmp_path."""
-    import functools
-    import http.server
-    import tarfile
-    import threading
-
     from fairseq import file_utils
 
+    from examples.recipes.published_layouts import pack
     from fairseq_fwp import pretrained
+    from helpers import serving
 
     root = tmp_path / "www"
     root.mkdir()
-    with tarfile.open(root / "model.tar.bz2", "w:bz2") as tar:
-        tar.add(archives["args", True], arcname="wmt-standin.en-de")
-    whole = (root / "model.tar.bz2").read_bytes()
+    whole = pack(archives["args", True], root / "model.tar.bz2", top="wmt-standin.en-de").read_bytes()
     (root / "truncated.tar.bz2").write_bytes(whole[:len(whole) // 2])  # its start reads; it ends early
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setattr(file_utils, "PYTORCH_FAIRSEQ_CACHE", str(tmp_path / "fairseq-cache"))
     monkeypatch.setattr(pretrained, "CACHE", str(tmp_path / "cache"))
-    yield {"url": f"http://127.0.0.1:{server.server_address[1]}", "root": root, "cache": tmp_path / "cache",
-           "fairseq cache": tmp_path / "fairseq-cache"}
-    server.shutdown()
+    with serving(root) as url:
+        yield {"url": url, "root": root, "cache": tmp_path / "cache", "fairseq cache": tmp_path / "fairseq-cache"}
 
 
 def converts(source, out):
@@ -265,9 +259,9 @@ def test_a_url_the_server_refuses_is_named_with_its_answer(served, tmp_path):
 def test_a_tar_cut_between_its_members_is_refused_and_downloaded_again(served, archives, tmp_path):
     """Read to its end, an uncompressed tar cut where a member starts ends without an error: its dictionaries
     alone must not be cached as the archive, so that the next try downloads it again."""
-    whole = tmp_path / "whole.tar"
-    with tarfile.open(whole, "w") as tar:
-        tar.add(archives["args", True], arcname="wmt-standin.en-de")
+    from examples.recipes.published_layouts import pack
+
+    whole = pack(archives["args", True], tmp_path / "whole.tar", top="wmt-standin.en-de")
     with tarfile.open(whole) as tar:
         cut = tar.getmember("wmt-standin.en-de/model.pt").offset
     (served["root"] / "model.tar").write_bytes(whole.read_bytes()[:cut])

@@ -15,13 +15,22 @@ fairseq upgrades when it loads them (``upgrade_state_dict_named``):
 ``TransformerModel.build_model(args, task)`` as old fairseq did, saves it in one layout and packs it as
 fairseq packs its archives: a folder with model.pt, dict.SRC.txt, dict.TGT.txt and bpecodes. model.pt is a
 pickle, not a zip file: torch saved so before 1.6.
+
+``write_lm_archive`` does the same for fairseq's published language models (transformer_lm.wiki103.adaptive:
+arch transformer_lm_wiki103, adaptive input and softmax, tied; transformer_lm.wmt19.*: moses and fastBPE),
+with random weights or with weights trained here (``train_lm_archive``: a few updates of fairseq-train), in
+the ``args`` or ``in-proj`` layout, beside ``dict.txt`` (and ``bpecodes``); ``pack`` makes the .tar.bz2 of a
+folder, one top folder inside, as fairseq's archives are.
 """
 import argparse
 import os
+import shutil
+import tarfile
 
 import torch
 
 LAYOUTS = ("args", "in-proj", "layer-norms", "no-output-projection")
+LM_LAYOUTS = ("args", "in-proj")  # a language model has no encoder, and its output projection is today's
 
 
 def write_dictionary(path, words):
@@ -61,6 +70,67 @@ def write_archive(folder, arch, layout="args", model_flags=(), source="en", targ
         "extra_state": {"train_iterator": {"epoch": 1}, "val_loss": None}, "last_optimizer_state": None},
         os.path.join(folder, "model.pt"), _use_new_zipfile_serialization=False)
     return args
+
+
+def write_lm_archive(folder, arch="transformer_lm_wiki103", layout="args", model_flags=(), dictionary=None,
+                     words=None, state=None, codes=None, seed=0):
+    """A softmax language model of `arch` (with `model_flags`, e.g. widths, cutoffs, --tokens-per-sample) in
+    `layout`, packed in `folder` beside dict.txt (a copy of `dictionary`, or `words`: default w0 ... w99) and
+    bpecodes (a copy of `codes`, if given). Its weights are `state` (a trained model's state dict, which must
+    fit) or random ones. Returns the model's arguments (the Namespace saved as its config)."""
+    from fairseq import options, tasks
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+
+    if layout not in LM_LAYOUTS:
+        raise ValueError(f"a language model's layout must be one of {', '.join(LM_LAYOUTS)}; got {layout!r}")
+    os.makedirs(folder, exist_ok=True)
+    if dictionary:
+        shutil.copy(dictionary, os.path.join(folder, "dict.txt"))
+    else:
+        write_dictionary(os.path.join(folder, "dict.txt"), words or [f"w{i}" for i in range(100)])
+    if codes:
+        shutil.copy(codes, os.path.join(folder, "bpecodes"))
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        folder, "--task", "language_modeling", "--arch", arch, *map(str, model_flags)])
+    torch.manual_seed(seed)
+    model = TransformerLanguageModel.build_model(args, tasks.setup_task(args))  # sets args.max_target_positions
+    if state is not None:
+        model.load_state_dict(state, strict=True)
+    torch.save({"args": args, "model": legacy_state_dict(model.state_dict(), layout, shared=True),
+                "optimizer_history": [{"criterion_name": "AdaptiveLoss", "optimizer_name": "FairseqNAG",
+                                       "lr_scheduler_state": {"best": None}, "num_updates": 1000}],
+                "extra_state": {"train_iterator": {"epoch": 1}, "val_loss": None}, "last_optimizer_state": None},
+               os.path.join(folder, "model.pt"), _use_new_zipfile_serialization=False)
+    return args
+
+
+def train_lm_archive(folder, data_bin, save_dir, model_flags, updates=10, arch="transformer_lm_wiki103",
+                     layout="args", codes=None, extra=()):
+    """write_lm_archive of a model that fairseq-train trained for `updates` updates on `data_bin` (binarised
+    with fairseq-preprocess --only-source) first: the weights a published model has, at a tiny size."""
+    from .commands import fairseq
+    from .pipeline import COMMON_TRAIN
+
+    adaptive = "--adaptive-softmax-cutoff" in map(str, model_flags) or arch in ADAPTIVE_ARCHS
+    fairseq("train", data_bin, *COMMON_TRAIN, "--task", "language_modeling", "--arch", arch, *model_flags,
+            "--sample-break-mode", "none", "--max-tokens", 1024, "--lr", 0.003, "--warmup-updates", 5,
+            "--max-update", updates, "--save-dir", save_dir, "--no-save-optimizer-state",
+            *(["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"] if adaptive else []), *extra)
+    state = torch.load(os.path.join(save_dir, "checkpoint_last.pt"), map_location="cpu", weights_only=False)["model"]
+    return write_lm_archive(folder, arch, layout, model_flags, dictionary=os.path.join(data_bin, "dict.txt"),
+                            state=state, codes=codes)
+
+
+ADAPTIVE_ARCHS = ("transformer_lm_wiki103", "transformer_lm_baevski_wiki103")  # adaptive softmax by default
+
+
+def pack(folder, archive, top=None):
+    """`archive` (.tar.bz2, .tar.gz or .tar) of `folder`, inside one top folder (`top`, default the folder's
+    name), as fairseq packs its archives."""
+    mode = {".bz2": "w:bz2", ".gz": "w:gz"}.get(os.path.splitext(str(archive))[1], "w")
+    with tarfile.open(archive, mode) as tar:
+        tar.add(folder, arcname=top or os.path.basename(os.path.normpath(folder)))
+    return archive
 
 
 def legacy_state_dict(state, layout, shared):

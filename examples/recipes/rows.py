@@ -13,6 +13,10 @@ how it is uptrained. Recipes look rows up here; nothing else lists them.
   linear phi, delta rule, sum normalisation, no attention normalisation, no
   positional encoding. "{m}" is the Performer's m for the size (8 small,
   16 medium: the capacity of the linear maps, Table 2).
+- WIKITEXT103_UPTRAINING: fairseq's published WikiText-103 LM (Baevski and Auli, 2019) converted by
+  uptrain --pretrained, then finetuned with the fast weights carried (recipes/wikitext103_uptraining.py).
+  Its flags go over the original's own architecture, whose fast-weight defaults are fairseq_fwp's
+  (FastWeightConfig: linear phi, the sum rule).
 - MULTI30K, WIKITEXT2: the small-real-data comparisons (recipes/
   small_real_data.py): Table 1's feature maps on Multi30k, Tables 2/4/5's
   rows on WikiText-2, and the rows beyond the paper (FAVOR+'s input scaling,
@@ -95,6 +99,17 @@ WIKITEXT103 = {  # test perplexity, sliding window (Table 4: state carried)
 LM_TABLES = sorted({table for table, _ in WIKITEXT103})
 
 
+STREAM = "fwp_stream_lm"
+WIKITEXT103_UPTRAINING = {  # finetuned with the fast weights carried across segments (Table 4's setting)
+    # the sum rule with attention normalisation: DPFP (Table 5's dpfp-sum, D = 2 x 128 heads' width) and ELU + 1
+    # (the linear Transformer, as T2R's feature map is a learned one)
+    "dpfp-sum": row(*DPFP, "1", *SUM_RULE, task=STREAM),
+    "linear-sum": row("--fwp-feature-map", "linear", *SUM_RULE, task=STREAM),
+    "delta": row("--fwp-update-rule", "delta", task=STREAM),  # the Delta Net (Tables 2-4)
+    "gated-delta-l2": row("--fwp-update-rule", "gated-delta", "--fwp-qk-norm", "l2", task=STREAM),
+}
+
+
 def wikitext103_row(table, name, size):
     """A Tables 2-5 row at one size; raises ValueError naming the choices."""
     if table not in LM_TABLES:
@@ -145,7 +160,6 @@ MULTI30K = {  # Table 1's feature maps at d_key = 64, sum rule with attention no
     **uptrained_rows("dpfp-256-delta", (*DPFP_256, "--fwp-update-rule", "delta")),
 }
 
-STREAM = "fwp_stream_lm"
 MOVED = ("--fwp-stream-offset", "random")  # the streams move by a random offset every epoch
 WIKITEXT2 = {  # Table 2/5 rows, and Table 4's carried rows
     "softmax": row(*TRANSFORMER, task=LM),

@@ -13,6 +13,12 @@ class FastWeightModel:
             start_training_step(self)
         return super().forward(*args, **kwargs)
 
+    @classmethod
+    def settle_options(cls, cfg):
+        """Set the fairseq options that --fwp-* flags decide, in `cfg` (the model's arguments), as the model's
+        builder does: fairseq builds a model whose arch is its model's name from a copy of its config, which
+        then says otherwise (uptrain compares the config against the softmax checkpoint's)."""
+
     @staticmethod
     def finish(model):
         """The built model, its layers sharing one backend log."""

@@ -12,6 +12,7 @@ is built from (site_options.py); its messages name the flags. docs/flags.md
 lists the flags and the rules.
 """
 import argparse
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Optional
@@ -220,3 +221,10 @@ def transformer_config(args):
     if OmegaConf.is_config(args):
         args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
     return TransformerConfig.from_namespace(args)
+
+
+def writable(cfg):
+    """A context in which `cfg` (a model's arguments: a DictConfig, or a legacy Namespace) takes new options."""
+    from omegaconf import open_dict
+
+    return open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext()

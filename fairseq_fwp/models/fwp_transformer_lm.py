@@ -33,8 +33,7 @@ class FastWeightTransformerLanguageModel(FastWeightModel, TransformerLanguageMod
     @classmethod
     def build_model(cls, args, task):
         plan = validate(args, {"decoder": args.decoder_layers})
-        if args.fwp_positions == "off":
-            args.no_token_positional_embeddings = True
+        cls.settle_options(args)
         # fairseq's LM builder hard-codes its own decoder class; let it resolve
         # the (adaptive) input embeddings, then build the fast-weight decoder
         # around them. The throw-away decoder costs one extra initialisation.
@@ -42,6 +41,11 @@ class FastWeightTransformerLanguageModel(FastWeightModel, TransformerLanguageMod
         decoder = FastWeightTransformerDecoder(transformer_config(args), plan, task.target_dictionary, embed_tokens,
                                                no_encoder_attn=True)
         return cls.finish(cls(decoder))
+
+    @classmethod
+    def settle_options(cls, cfg):
+        if cfg.fwp_positions == "off":  # the paper's LMs: no positional encoding
+            cfg.no_token_positional_embeddings = True
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         drop_normformer_modules_not_in(self, state_dict)

@@ -1,0 +1,222 @@
+"""uptrain --pretrained on fairseq's published language models (transformer_lm.wiki103.adaptive, the
+transformer_lm.wmt19.* models), through stand-ins saved as the 2019 fairseq that wrote them saved
+(examples/recipes/published_layouts.py: `args` alone, arch transformer_lm_wiki103 at a tiny width, adaptive
+input and softmax, tied; dict.txt). Each is converted, then loaded through fairseq's own loader: it must come
+back as the fast-weight LM, with every weight it carries equal to the original's, compute as the original
+with softmax attention, and otherwise differ where the row changes the computation."""
+import os
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+
+import fairseq_fwp  # noqa: E402,F401  (the plugin's models, and torch.load of fairseq's checkpoints)
+from examples.recipes import rows  # noqa: E402
+from examples.recipes.published_layouts import LM_LAYOUTS, pack, write_lm_archive  # noqa: E402
+from fairseq_fwp import pretrained, uptrain  # noqa: E402
+from fairseq_fwp.models.fwp_transformer_lm import FastWeightTransformerLanguageModel  # noqa: E402
+from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
+from fairseq_fwp.uptrain import NOT_PARAMETERS  # noqa: E402
+from helpers import serving  # noqa: E402
+
+# transformer_lm_wiki103 (16 layers of 1024, 8 heads, adaptive input and softmax with cutoffs 20000,60000,
+# tied) at a tiny width, over the 104 types of w0 ... w99
+TINY_WIKI103 = ["--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64,
+                "--decoder-attention-heads", 4, "--adaptive-input-cutoff", "20,60", "--adaptive-softmax-cutoff",
+                "20,60", "--tokens-per-sample", 64, "--dropout", 0]
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory):
+    """A random-weight stand-in of transformer_lm.wiki103.adaptive in each layout."""
+    root = tmp_path_factory.mktemp("published-lms")
+    folders = {}
+    for layout in LM_LAYOUTS:
+        write_lm_archive(str(root / layout), "transformer_lm_wiki103", layout, TINY_WIKI103)
+        folders[layout] = root / layout
+    return folders
+
+
+def load(path, folder):
+    """The model fairseq builds from a checkpoint, as fairseq-eval-lm does."""
+    from fairseq import checkpoint_utils
+
+    (model,), _, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(folder)})
+    return model.eval()
+
+
+def outputs(model):
+    tokens = torch.randint(4, 104, (3, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return model(tokens)[0]
+
+
+def converted_layers(model):
+    return [layer.self_attn for layer in model.decoder.layers]
+
+
+@pytest.mark.parametrize("layout, row", [("args", row) for row in sorted(rows.WIKITEXT103_UPTRAINING)]
+                         + [("in-proj", "delta")])
+def test_each_row_converts_carrying_every_weight_of_the_original(archives, tmp_path, layout, row):
+    folder = archives[layout]
+    out = tmp_path / row
+    fresh, _ = uptrain.convert_pretrained(str(folder), str(out), rows.WIKITEXT103_UPTRAINING[row].flags_for())
+    original, converted = load(folder / "model.pt", folder), load(out / "model.pt", out)
+    assert isinstance(converted, FastWeightTransformerLanguageModel)
+    assert all(isinstance(attention, FastWeightAttention) for attention in converted_layers(converted))
+    ours = torch.load(out / "model.pt", weights_only=False)["model"]
+    carried = [name for name in original.state_dict() if not name.endswith(NOT_PARAMETERS)]
+    assert len(carried) > 40 and all(torch.equal(original.state_dict()[name], ours[name]) for name in carried)
+    assert all(".self_attn." in name for name in fresh)  # only the attentions have anything new
+    assert sorted(os.listdir(out)) == ["dict.txt", "model.args", "model.pt"]
+    assert not torch.allclose(outputs(converted), outputs(original), atol=1e-3)
+
+
+@pytest.mark.parametrize("layout", LM_LAYOUTS)
+def test_converted_with_softmax_attention_it_computes_as_the_original(archives, tmp_path, layout):
+    folder = archives[layout]
+    uptrain.convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
+    converted = load(tmp_path / "softmax" / "model.pt", tmp_path / "softmax")
+    assert isinstance(converted, FastWeightTransformerLanguageModel)
+    torch.testing.assert_close(outputs(converted), outputs(load(folder / "model.pt", folder)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_twin_keeps_the_originals_adaptive_input_softmax_positions_and_blocks(archives, tmp_path):
+    _, model_args = uptrain.convert_pretrained(str(archives["args"]), str(tmp_path / "delta"),
+                                               ["--fwp-update-rule", "delta"])
+    text = " ".join(model_args)
+    for flags in ("--task language_modeling --tokens-per-sample 64 --max-target-positions 64",
+                  "--arch fwp_transformer_lm",
+                  "--adaptive-input --adaptive-input-factor 4.0 --adaptive-input-cutoff 20,60",
+                  "--adaptive-softmax-cutoff 20,60", "--tie-adaptive-weights --tie-adaptive-proj",
+                  "--decoder-normalize-before --no-decoder-final-norm", "--fwp-positions on --fwp-update-rule delta"):
+        assert flags in text
+    model = load(tmp_path / "delta" / "model.pt", tmp_path / "delta")
+    assert model.decoder.embed_positions is not None and model.decoder.adaptive_softmax is not None
+    assert model.max_positions() == 64
+
+
+def test_the_row_flags_are_checked_against_the_originals_own_model(archives, tmp_path):
+    folder = str(archives["args"])
+    with pytest.raises(ValueError, match=r"--fwp-softmax-layers 2: layer 2 does not exist \(the model has 2 decoder "
+                                         r"layers, counted from 0\)"):
+        uptrain.convert_pretrained(folder, str(tmp_path / "x"), ["--fwp-softmax-layers", "2"])
+    with pytest.raises(ValueError, match="(?s)would compute differently .*no_token_positional_embeddings: "
+                                         "softmax False, fast-weight True"):
+        uptrain.convert_pretrained(folder, str(tmp_path / "x"), ["--fwp-positions", "off"])
+    uptrain.convert_pretrained(folder, str(tmp_path / "hybrid"), ["--fwp-softmax-layers", "1"])
+    hybrid = load(tmp_path / "hybrid" / "model.pt", tmp_path / "hybrid")
+    assert [isinstance(a, FastWeightAttention) for a in converted_layers(hybrid)] == [True, False]
+    assert sorted(os.listdir(tmp_path)) == ["hybrid"]  # no folder, nor part of one, for a refused conversion
+
+
+@pytest.mark.parametrize("flags, refused", [
+    (["--source-lang", "en"], "--source-lang"), (["--decoder-layers", "3"], "--decoder-layers")])
+def test_only_the_flags_uptrain_uses_are_taken_after_the_separator(archives, tmp_path, flags, refused):
+    with pytest.raises(ValueError, match=rf"{refused} after --: --pretrained takes the model's own options from its "
+                                         r"checkpoint; after -- it uses only --fwp-\* flags and --max-tokens, "
+                                         r"--batch-size, --tokens-per-sample"):
+        uptrain.convert_pretrained(str(archives["args"]), str(tmp_path / "x"), flags)
+
+
+def test_an_archive_without_its_dictionary_is_refused_naming_what_it_holds(archives, tmp_path):
+    folder = tmp_path / "no-dict"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes((archives["args"] / "model.pt").read_bytes())
+    with pytest.raises(FileNotFoundError, match=r"no-dict holds no dict\.txt, the dictionary its model was trained "
+                                                r"with, only model\.pt"):
+        uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), [])
+    assert sorted(os.listdir(tmp_path)) == ["no-dict"]
+
+
+def test_an_ensemble_of_language_models_is_refused(archives, tmp_path):
+    for name in ("model1.pt", "model2.pt"):
+        (tmp_path / name).write_bytes((archives["args"] / "model.pt").read_bytes())
+    (tmp_path / "dict.txt").write_bytes((archives["args"] / "dict.txt").read_bytes())
+    with pytest.raises(SystemExit, match=r"is an ensemble of 2 models \(model1\.pt, model2\.pt\), which a single "
+                                         r"fast-weight model cannot replace; convert one model's own archive instead"):
+        uptrain.main(["--pretrained", str(tmp_path), "--out", str(tmp_path / "out"), "--"])
+
+
+def test_a_character_language_model_converts_and_computes_as_the_original(tmp_path):
+    """fairseq's character-level input (a convolution over each word's characters) is an input embedding like
+    another: converted with softmax attention, the model computes as the original."""
+    folder = tmp_path / "char"
+    write_lm_archive(str(folder), "transformer_lm_big", "args", [
+        "--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64, "--decoder-attention-heads",
+        4, "--character-embeddings", "--character-filters", "[(1, 8), (2, 8)]", "--character-embedding-dim", 4,
+        "--char-embedder-highway-layers", 1, "--tokens-per-sample", 64, "--dropout", 0])
+    uptrain.convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
+    converted = load(tmp_path / "softmax" / "model.pt", tmp_path / "softmax")
+    assert "--character-embeddings" in (tmp_path / "softmax" / "model.args").read_text()
+    torch.testing.assert_close(outputs(converted), outputs(load(folder / "model.pt", folder)), rtol=1e-5, atol=1e-5)
+
+
+# -- the routes: fairseq's hub, a mirror of it, a URL, an archive, a folder ------------------------------------
+
+
+@pytest.fixture
+def served(archives, tmp_path, monkeypatch):
+    """The stand-in packed as the published archive is (adaptive_lm_wiki103.v2.tar.bz2: one top folder), served
+    over HTTP on 127.0.0.1 as fairseq's hub entry transformer_lm.wiki103.adaptive, with fairseq's download cache
+    and ours in tmp_path."""
+    from fairseq import file_utils
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+
+    root = tmp_path / "www"
+    root.mkdir()
+    whole = pack(archives["args"], root / "adaptive_lm_wiki103.v2.tar.bz2", top="adaptive_lm_wiki103.v2").read_bytes()
+    (root / "truncated.tar.bz2").write_bytes(whole[:len(whole) // 2])
+    monkeypatch.setattr(file_utils, "PYTORCH_FAIRSEQ_CACHE", str(tmp_path / "fairseq-cache"))
+    monkeypatch.setattr(pretrained, "CACHE", str(tmp_path / "cache"))
+    with serving(root) as url:
+        hub = {"transformer_lm.wiki103.adaptive": f"{url}/adaptive_lm_wiki103.v2.tar.bz2",
+               "transformer_lm.wiki103.truncated": f"{url}/truncated.tar.bz2"}
+        monkeypatch.setattr(TransformerLanguageModel, "hub_models", classmethod(lambda cls: hub))
+        yield {"url": url, "root": root, "cache": tmp_path / "cache", "fairseq cache": tmp_path / "fairseq-cache"}
+
+
+def converts(source, out):
+    uptrain.main(["--pretrained", str(source), "--out", str(out), "--", "--fwp-update-rule", "delta"])
+    return isinstance(load(out / "model.pt", out), FastWeightTransformerLanguageModel)
+
+
+def test_every_route_of_pretrained_converts_a_language_model(served, archives, tmp_path, monkeypatch):
+    assert converts("transformer_lm.wiki103.adaptive", tmp_path / "hub")  # a name of fairseq's hub: downloaded
+    assert converts(f"{served['url']}/adaptive_lm_wiki103.v2.tar.bz2", tmp_path / "url")
+    assert converts(f"file://{served['root']}/adaptive_lm_wiki103.v2.tar.bz2", tmp_path / "file-url")
+    assert converts(served["root"] / "adaptive_lm_wiki103.v2.tar.bz2", tmp_path / "archive")
+    assert converts(archives["args"], tmp_path / "folder")
+    for mirror in (served["url"], str(served["root"])):  # the hub's archive, by its file name, from a mirror
+        monkeypatch.setenv(pretrained.MIRROR, mirror)
+        assert converts("transformer_lm.wiki103.adaptive", tmp_path / f"mirror-{len(mirror)}")
+    assert sorted(os.listdir(tmp_path / "hub")) == ["dict.txt", "model.args", "model.pt"]
+
+
+def test_a_mirror_without_the_archive_is_named(served, tmp_path, monkeypatch):
+    monkeypatch.setenv(pretrained.MIRROR, str(tmp_path))
+    with pytest.raises(SystemExit, match=rf"--pretrained transformer_lm.wiki103.adaptive: {pretrained.MIRROR}="
+                                         rf"{re.escape(str(tmp_path))} holds no adaptive_lm_wiki103\.v2\.tar\.bz2, the "
+                                         r"archive of http://"):
+        converts("transformer_lm.wiki103.adaptive", tmp_path / "out")
+
+
+def test_a_broken_language_model_archive_is_named_and_leaves_nothing_in_the_caches(served, tmp_path):
+    with pytest.raises(SystemExit, match=r"truncated\.tar\.bz2 is not a whole tar archive .*download it again"):
+        converts("transformer_lm.wiki103.truncated", tmp_path / "out")
+    assert not os.listdir(served["fairseq cache"]) and not os.path.exists(served["cache"])
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_language_models_name_whose_archive_holds_a_translation_model_is_refused(served, tmp_path, monkeypatch):
+    from examples.recipes.published_layouts import write_archive
+
+    write_archive(str(tmp_path / "mt"), "transformer", "args", ["--encoder-layers", 1, "--decoder-layers", 1,
+                                                                "--encoder-embed-dim", 16, "--decoder-embed-dim", 16])
+    pack(tmp_path / "mt", served["root"] / "adaptive_lm_wiki103.v2.tar.bz2", top="adaptive_lm_wiki103.v2")
+    with pytest.raises(SystemExit, match=r"--pretrained transformer_lm.wiki103.adaptive names a language model of "
+                                         r"fairseq's hub, but \S+/model\.pt is the checkpoint of a translation model "
+                                         r"\(its task: translation\)"):
+        converts("transformer_lm.wiki103.adaptive", tmp_path / "out")
