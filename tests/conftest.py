@@ -22,8 +22,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 # The fairseq commands that tests launch through examples/recipes/commands.py run as children of a server
-# that imported fairseq once (examples/recipes/preloaded.py): about 4 s less per command. The docs test runs
-# the console scripts as written, and tests/test_preloaded.py holds the two launches to the same output.
+# that imported fairseq once (examples/recipes/preloaded.py): about 4 s less per command. The docs test sends
+# its commands there too, through stand-ins of the console scripts on PATH. tests/test_preloaded.py holds the
+# two launches to the same output; its first test, in the fast lane too, runs fairseq-train and
+# fairseq-generate as installed (new processes of the console scripts).
 os.environ.setdefault("FAIRSEQ_FWP_PRELOAD", "1")
 
 

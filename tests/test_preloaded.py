@@ -1,15 +1,19 @@
 """examples/recipes/preloaded.py: a fairseq command run by the preloaded server is the command its console
-script runs: the same output, exit status, working folder and environment."""
+script runs: the same output, exit status, files, working folder and environment. The first test runs
+fairseq-train and fairseq-generate as installed (new processes of the console scripts) in the fast lane too."""
 import os
 import re
+import shutil
+import struct
 import subprocess
+import sys
 
 import pytest
 
 from examples.recipes import commands, preloaded
-from examples.recipes.pipeline import generate, train_translation
+from examples.recipes.pipeline import train_translation
 
-pytestmark = pytest.mark.slow  # fairseq's command-line tools, end to end
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -24,16 +28,59 @@ def launches(monkeypatch):
     return both
 
 
-def test_generate_prints_the_same_hypotheses_either_way(corpora, tmp_path, launches, monkeypatch):
-    monkeypatch.setenv("FAIRSEQ_FWP_PRELOAD", "1")
-    train_translation(corpora["mt"], tmp_path, max_update=2)
-    new, served = launches("generate", corpora["mt"], "--user-dir", commands.PLUGIN_DIR,
-                           "--path", tmp_path / "checkpoint_last.pt", "--beam", 2, "--max-len-b", 5)
-    hypotheses = [[line for line in out.splitlines() if line.startswith("H-")] for out in (new, served)]
+def user_dir(folder, code):
+    """A --user-dir whose import runs `code`: a probe of the process that runs the command."""
+    folder.mkdir()
+    (folder / "__init__.py").write_text(code)
+    return folder
+
+
+def probe_lines(output, prefix="probe"):
+    return [line for line in output.splitlines() if line.startswith(prefix)]
+
+
+def tensorboard_scalars(folder):
+    """(subset, tag, step) of every scalar in the TensorBoard event files under `folder`, sorted (fairseq writes
+    an update's in the order of a set); the files are TFRecords: a length and its checksum, an Event, its
+    checksum."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars = []
+    for path in sorted(folder.rglob("events.out.tfevents*")):
+        data = path.read_bytes()
+        while data:
+            length = struct.unpack("<Q", data[:8])[0]
+            event = Event.FromString(data[12:12 + length])
+            scalars += [(path.parent.name, value.tag, event.step) for value in event.summary.value]
+            data = data[12 + length + 4:]
+    return sorted(scalars)
+
+
+def test_train_and_generate_log_write_and_print_the_same_either_way(corpora, tmp_path, monkeypatch):
+    """fairseq-train: each log line's level, logger and words, in order (it configures logging when imported),
+    the checkpoints' names and the TensorBoard scalars (which it writes out at exit); fairseq-generate: the
+    hypotheses. As installed, each is a new process of its console script, in the fast lane too."""
+    logs, checkpoints, scalars, hypotheses = [], [], [], []
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FAIRSEQ_FWP_PRELOAD", mode)
+        run = tmp_path / mode
+        logs.append(train_translation(corpora["mt"], run / "checkpoints", "--tensorboard-logdir", run / "tensorboard",
+                                      max_update=2))
+        checkpoints.append(sorted(os.listdir(run / "checkpoints")))
+        scalars.append(tensorboard_scalars(run / "tensorboard"))
+        generated = commands.fairseq("generate", corpora["mt"], "--user-dir", commands.PLUGIN_DIR, "--path",
+                                     tmp_path / "0" / "checkpoints" / "checkpoint_last.pt", "--beam", 2,
+                                     "--max-len-b", 5)
+        hypotheses.append([line for line in generated.splitlines() if line.startswith("H-")])
+    lines = [re.findall(r"\| (\w+) \| ([\w.]+) \| ([^\d/]*)", log) for log in logs]
+    assert len(lines[0]) > 10 and lines[0] == lines[1]
+    assert checkpoints[0] and checkpoints[0] == checkpoints[1]
+    assert scalars[0] and scalars[0] == scalars[1]
     assert hypotheses[0] and hypotheses[0] == hypotheses[1]
 
 
-def test_a_failing_command_fails_the_same_way(tmp_path, launches, monkeypatch):
+@pytest.mark.slow
+def test_a_failing_command_fails_the_same_way(tmp_path, monkeypatch):
     for mode in ("0", "1"):
         monkeypatch.setenv("FAIRSEQ_FWP_PRELOAD", mode)
         with pytest.raises(RuntimeError, match=r"fairseq-train failed \(2\):[\s\S]*--fwp-update-rule"):
@@ -41,6 +88,107 @@ def test_a_failing_command_fails_the_same_way(tmp_path, launches, monkeypatch):
                              "--task", "language_modeling", "--fwp-update-rule", "no-such-rule")
 
 
+@pytest.mark.slow
+def test_a_command_stopped_with_a_message_prints_it(tmp_path, monkeypatch):
+    """SystemExit("...") ends the command with status 1 and the message on stderr, as the interpreter ends."""
+    probe = user_dir(tmp_path / "probe", "raise SystemExit('probe: no data here')\n")
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FAIRSEQ_FWP_PRELOAD", mode)
+        with pytest.raises(RuntimeError, match=r"fairseq-generate failed \(1\):\s*probe: no data here"):
+            commands.fairseq("generate", "--user-dir", probe)
+
+
+@pytest.mark.slow
+def test_a_command_reads_its_callers_stdin(tmp_path):
+    """fairseq-score --sys - scores what its caller's stdin holds."""
+    reference = tmp_path / "reference.txt"
+    reference.write_text("a small red car drives home\n")
+    caller = ("import sys\nfrom examples.recipes.commands import fairseq\n"
+              "print(fairseq('score', '--sys', '-', '--ref', sys.argv[1]))\n")
+    scores = []
+    for mode in ("0", "1"):
+        run = subprocess.run([sys.executable, "-c", caller, reference], input=reference.read_text(), cwd=ROOT,
+                             env=dict(os.environ, FAIRSEQ_FWP_PRELOAD=mode), capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        scores.append(re.findall(r"BLEU4 = .*", run.stdout))
+    assert scores[0] and scores[0] == scores[1]
+
+
+# Draws from the random number generators, then leaves a thread and an atexit handler to end the process.
+DRAWS_AND_EXITS = """
+import atexit, random, threading, time
+import numpy, torch
+print("probe draws:", random.random(), numpy.random.random(), torch.rand(1).item())
+threading.Thread(target=lambda: (time.sleep(0.3), print("probe: a thread's last line"))).start()
+atexit.register(print, "probe: at exit")
+"""
+
+
+@pytest.mark.slow
+def test_each_command_draws_its_own_random_numbers_and_exits_as_a_new_process(tmp_path, launches):
+    """Python's, numpy's and torch's generators: two commands draw different numbers where two new processes
+    do; at exit the interpreter waits for the threads and runs the atexit handlers (loggers flush there)."""
+    command = ("train", "--user-dir", user_dir(tmp_path / "probe", DRAWS_AND_EXITS), "--help")
+    (new, served), (new_again, served_again) = launches(*command), launches(*command)
+    draws = [probe_lines(out, "probe draws:")[0].split()[2:] for out in (new, new_again, served, served_again)]
+    assert [a != b for a, b in zip(*draws[2:])] == [a != b for a, b in zip(*draws[:2])] == [True] * 3
+    exits = [probe_lines(out, "probe:") for out in (new, served)]
+    assert len(exits[0]) == 2 and exits[0] == exits[1]
+
+
+def set_environment(monkeypatch, **variables):
+    """Sets each variable, or removes it where its value is None."""
+    for name, value in variables.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def own_server(monkeypatch):
+    """This test's own server, started by its first command under the environment the test sets before:
+    {"process": the server, ...} once started."""
+    monkeypatch.delenv("FAIRSEQ_FWP_PRELOAD_SOCKET", raising=False)
+    server = {}
+    monkeypatch.setattr(preloaded, "_server", server)
+    yield server
+    if server:
+        server["process"].terminate()
+        server["process"].wait()
+        shutil.rmtree(os.path.dirname(server["path"]))
+
+
+# What the interpreter, the thread pools (torch's, and numpy's OpenBLAS) and fairseq read when they start, and
+# who started this process.
+READS_AT_START = """
+import os
+import threadpoolctl, torch
+from fairseq import file_utils
+from fairseq.dataclass.configs import DistributedTrainingConfig
+print("probe:", hash("probe"), torch.get_num_threads(), sorted((pool["internal_api"], pool["num_threads"])
+      for pool in threadpoolctl.threadpool_info()), DistributedTrainingConfig().device_id,
+      file_utils.PYTORCH_FAIRSEQ_CACHE)
+print("parent:", os.getppid())
+"""
+
+
+@pytest.mark.slow
+def test_a_caller_whose_start_up_environment_differs_gets_what_a_new_process_gets(tmp_path, monkeypatch,
+                                                                                 launches, own_server):
+    """The hash seed, the thread count, LOCAL_RANK and fairseq's cache are read before the child can take the
+    caller's environment: a caller that differs from the server there gets a new process, the rest a fork."""
+    command = ("train", "--user-dir", user_dir(tmp_path / "probe", READS_AT_START), "--help")
+    set_environment(monkeypatch, FAIRSEQ_FWP_PRELOAD="1", PYTHONHASHSEED="1", OMP_NUM_THREADS="1", LOCAL_RANK="1",
+                    PYTORCH_FAIRSEQ_CACHE=str(tmp_path / "cache-1"))
+    assert probe_lines(commands.fairseq(*command), "parent:") == [f"parent: {own_server['process'].pid}"]
+    set_environment(monkeypatch, PYTHONHASHSEED="2", OMP_NUM_THREADS=None, LOCAL_RANK="2",
+                    PYTORCH_FAIRSEQ_CACHE=str(tmp_path / "cache-2"))
+    new, served = launches(*command)
+    assert probe_lines(new) == probe_lines(served)
+
+
+@pytest.mark.slow
 def test_the_child_has_the_callers_folder_and_environment(tmp_path, monkeypatch, corpora):
     """fairseq-preprocess writes where the caller stands, and the caller's variables reach the command's
     --user-dir, imported in the child as fairseq-train imports it."""
@@ -50,9 +198,7 @@ def test_the_child_has_the_callers_folder_and_environment(tmp_path, monkeypatch,
     out = commands.fairseq("preprocess", "--only-source", "--trainpref", os.path.join(corpora["raw_lm"], "train.txt"),
                            "--destdir", "here", "--workers", 1)
     assert (tmp_path / "here" / "dict.txt").is_file() and "Wrote preprocessed data" in out
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "__init__.py").write_text("import os\nprint('probe:', os.environ['PROBE_VARIABLE'], os.getcwd())\n")
+    probe = user_dir(tmp_path / "probe", "import os\nprint('probe:', os.environ['PROBE_VARIABLE'], os.getcwd())\n")
     lines, wait = preloaded.launch("train", ["--user-dir", str(probe), "--help"])
     assert f"probe: seen {tmp_path}" in "".join(lines) and wait() == 0
     lines, wait = preloaded.launch("train", ["--user-dir", str(tmp_path / "nowhere")])
@@ -61,20 +207,7 @@ def test_the_child_has_the_callers_folder_and_environment(tmp_path, monkeypatch,
     assert "usage: fairseq-preprocess" in "".join(lines) and wait() == 0
 
 
-def test_training_logs_the_same_lines_either_way(corpora, tmp_path, monkeypatch):
-    """Each line's level, logger and words, in order (fairseq-train configures logging when imported)."""
-    logs = []
-    for mode in ("0", "1"):
-        monkeypatch.setenv("FAIRSEQ_FWP_PRELOAD", mode)
-        logs.append(commands.fairseq(
-            "train", corpora["lm"], "--user-dir", commands.PLUGIN_DIR, "--task", "language_modeling",
-            "--arch", "fwp_lm_tiny", "--tokens-per-sample", 32, "--max-tokens", 256, "--optimizer", "adam",
-            "--lr", 1e-3, "--max-update", 3, "--log-interval", 1, "--log-format", "simple", "--seed", 1,
-            "--save-dir", tmp_path / mode))
-    lines = [re.findall(r"\| (\w+) \| ([\w.]+) \| ([^\d/]*)", log) for log in logs]
-    assert len(lines[0]) > 10 and lines[0] == lines[1]
-
-
+@pytest.mark.slow
 def test_a_stand_in_on_path_runs_its_command_on_the_server(tmp_path, monkeypatch):
     """What bash runs as fairseq-preprocess is the command, its output and exit status included."""
     monkeypatch.delenv("FAIRSEQ_FWP_PRELOAD_SOCKET", raising=False)

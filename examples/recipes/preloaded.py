@@ -5,16 +5,23 @@ tasks, and with them scipy and scikit-learn) before it reads its first argument.
 commands (the test suite, the quickstart) pays that per command. With FAIRSEQ_FWP_PRELOAD=1,
 commands.fairseq sends each command to a server that imported torch and fairseq's command-line modules
 once (one per calling process, started at its first command) and forks a fresh child per command. The
-child is the command as its console script runs it: the module's cli_main(), with the caller's argv, working
-folder and environment, its output streamed back line by line; the --user-dir is imported in the child, as
-fairseq-train does. Commands that must start as `python -m fairseq_cli.<command>` still launch a new
-interpreter. For commands that other programs run (the docs test's bash), stand_ins writes fairseq-*
-scripts to put first on PATH, which send their command to one server (FAIRSEQ_FWP_PRELOAD_SOCKET).
+child is the command as its console script runs it: the module's cli_main(), with the caller's argv, stdin,
+working folder and environment, its output streamed back line by line; the --user-dir is imported in the
+child, as fairseq-train does; it seeds its random number generators afresh and exits as the interpreter
+exits. A caller whose environment differs from the server's in what a new process reads at its start
+(READ_AT_START) gets its command as installed, a new process, and so do commands that must start as
+`python -m fairseq_cli.<command>`. For commands that other programs run (the docs test's bash), stand_ins
+writes fairseq-* scripts to put first on PATH, which send their command to one server
+(FAIRSEQ_FWP_PRELOAD_SOCKET).
 
     python -m examples.recipes.preloaded SOCKET   # the server; commands.fairseq starts it
 """
+import atexit
+import importlib
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,14 +29,20 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# fairseq-interactive is not among them: it reads its caller's stdin, which a forked child does not have.
+# fairseq-interactive is not among them: no test holds a forked run of it to its console script's.
 COMMANDS = ("preprocess", "train", "generate", "eval_lm", "score")
 # The modules that configure logging first thing when imported (logging.basicConfig before their imports):
 # the child runs them again on an unconfigured root logger, as a new process would. The others find the root
 # logger as importing fairseq leaves it, in the server as in a new process.
 CONFIGURE_LOGGING = ("preprocess", "train", "eval_lm")
+# What a new process reads from its environment before the child can take its caller's: the interpreter
+# (PYTHON*), the thread pools of OpenMP, MKL and OpenBLAS (loaded with torch and numpy), fairseq when imported
+# (LOCAL_RANK, its cache folders). A caller whose values differ from the server's gets a new process.
+READ_AT_START = re.compile(r"(PYTHON|OMP_|MKL_|OPENBLAS_)\w*|LOCAL_RANK|TORCH_HOME|XDG_CACHE_HOME|"
+                           r"PYTORCH_FAIRSEQ_CACHE")
 EXIT = b"\0fairseq-fwp exit "  # the line after a command's output that gives its exit status
 _server = {}  # the calling process's server: {"pid": the caller, "path": socket path, "process": Popen}
 _server_lock = threading.Lock()
@@ -46,6 +59,7 @@ def launch(command, args, cwd=None):
     status once they are read)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(_server_path())
+    socket.send_fds(connection, [b"\0"], [0])  # the caller's stdin (fairseq-score --sys -)
     request = dict(command=command.replace("-", "_"), argv=[f"fairseq-{command}", *args],
                    cwd=os.path.abspath(cwd or os.getcwd()), env=dict(os.environ))
     connection.sendall(json.dumps(request).encode() + b"\n")
@@ -80,7 +94,7 @@ def forward(command, args):
 def stand_ins(folder, commands=("preprocess", "train", "generate", "eval-lm")):
     """Writes fairseq-<command> scripts into `folder` that run their command on this process's server
     (forward): a folder to put first on PATH, for commands run by other programs (bash). Returns the
-    environment variables that go with it. fairseq-interactive keeps its console script: it reads stdin."""
+    environment variables that go with it."""
     os.makedirs(folder, exist_ok=True)
     for command in commands:
         script = os.path.join(folder, f"fairseq-{command}")
@@ -113,11 +127,10 @@ def _server_path():
 # -- the server's side ----------------------------------------------------------------------------------
 
 def serve(path):
-    import importlib
-
     import torch  # noqa: F401  (what every command imports first)
 
     modules = {name: importlib.import_module(f"fairseq_cli.{name}") for name in COMMANDS}
+    start_environment = _read_at_start(os.environ)
     caller = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -132,45 +145,24 @@ def serve(path):
             continue
         if os.fork() == 0:
             listener.close()
-            _child(connection, modules)
+            _child(connection, modules, start_environment)
         connection.close()
     os.unlink(path)
     os.rmdir(os.path.dirname(path))
 
 
-def _child(connection, modules):
+def _child(connection, modules, start_environment):
     """Runs one command in this forked child, its output on the connection; never returns."""
     status = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command's own subprocesses are waited for
-        with connection.makefile("rb") as stream:
-            request = json.loads(stream.readline())
-        os.dup2(connection.fileno(), 1)
-        os.dup2(connection.fileno(), 2)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-            import torch
-            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        module = modules[request["command"]]
-        if request["command"] in CONFIGURE_LOGGING:
-            import importlib
-            import logging
-            for handler in logging.root.handlers[:]:
-                logging.root.removeHandler(handler)
-            logging.root.setLevel(logging.WARNING)
-            module = importlib.reload(module)
-        sys.argv = request["argv"]
-        sys.path[0] = os.path.dirname(sys.executable)  # a console script's first path: its own folder
-        try:
-            module.cli_main()
-            status = 0
-        except SystemExit as stop:
-            status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        except BaseException:
-            import traceback
-            traceback.print_exc()
+        request = _take_request(connection)
+        if _read_at_start(os.environ) == start_environment:
+            status = _run(modules, request["command"], request["argv"])
+        else:  # the server started under other values: the command as installed
+            status = subprocess.call([_console_script(request["argv"][0]), *request["argv"][1:]])
+    except BaseException:
+        traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -181,6 +173,84 @@ def _child(connection, modules):
             os.write(1, EXIT + f"{status}\n".encode())
         finally:
             os._exit(status)
+
+
+def _take_request(connection):
+    """The command's request, read from the connection, and its process as its caller's: the caller's stdin,
+    the connection as stdout and stderr, the caller's working folder and environment."""
+    _, (stdin,), _, _ = socket.recv_fds(connection, 1, 1)
+    with connection.makefile("rb") as stream:
+        request = json.loads(stream.readline())
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    os.dup2(connection.fileno(), 1)
+    os.dup2(connection.fileno(), 2)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    return request
+
+
+def _read_at_start(environment):
+    return {name: value for name, value in environment.items() if READ_AT_START.fullmatch(name)}
+
+
+def _console_script(name):
+    return os.path.join(os.path.dirname(sys.executable), name)
+
+
+def _run(modules, command, argv):
+    """The command as its console script runs it, `sys.exit(cli_main())`, to the interpreter's exit; returns its
+    exit status."""
+    _reseed()
+    module = modules[command]
+    if command in CONFIGURE_LOGGING:
+        module = _imported_again(module)
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(_console_script(argv[0]))  # a console script's first path: its own folder
+    try:
+        sys.exit(module.cli_main())
+    except SystemExit as stop:
+        status = _exit_status(stop)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    _exit_as_the_interpreter()
+    return status
+
+
+def _reseed():
+    """The random states of a new process: numpy's and torch's generators seeded from the system's entropy, as
+    each seeds itself when it starts (Python's reseeds itself in a forked child)."""
+    import numpy
+    import torch
+
+    numpy.random.seed()
+    torch.seed()
+
+
+def _imported_again(module):
+    """`module` imported again on an unconfigured root logger, as a new process imports it."""
+    for handler in logging.root.handlers[:]:
+        logging.root.removeHandler(handler)
+    logging.root.setLevel(logging.WARNING)
+    return importlib.reload(module)
+
+
+def _exit_status(stop):
+    """The interpreter's exit status for SystemExit `stop`; a message (a code that is no number) goes to stderr,
+    as the interpreter prints it."""
+    if stop.code is None or isinstance(stop.code, int):
+        return int(stop.code or 0)
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+def _exit_as_the_interpreter():
+    """What the interpreter does at exit: waits for the threads that are not daemons, then runs the atexit
+    handlers (fairseq closes its TensorBoard writers there)."""
+    threading._shutdown()  # the interpreter's own call at exit
+    atexit._run_exitfuncs()
 
 
 if __name__ == "__main__":
