@@ -72,11 +72,34 @@ def test_train_and_generate_log_write_and_print_the_same_either_way(corpora, tmp
                                      tmp_path / "0" / "checkpoints" / "checkpoint_last.pt", "--beam", 2,
                                      "--max-len-b", 5)
         hypotheses.append([line for line in generated.splitlines() if line.startswith("H-")])
-    lines = [re.findall(r"\| (\w+) \| ([\w.]+) \| ([^\d/]*)", log) for log in logs]
+    lines = [comparable(log, tmp_path / mode) for log, mode in zip(logs, ("0", "1"))]
     assert len(lines[0]) > 10 and lines[0] == lines[1]
+    assert any("loss=" in message for _, logger, message in lines[0] if logger == "train_inner")
     assert checkpoints[0] and checkpoints[0] == checkpoints[1]
     assert scalars[0] and scalars[0] == scalars[1]
     assert hypotheses[0] and hypotheses[0] == hypotheses[1]
+
+
+# What differs between two runs of one command: how long things took, and where each run writes.
+TIMINGS = re.compile(r"\b(wps|ups|train_wall|wall|gb_free)([= ])[\d.]+|\b(took|in) [\d.]+ seconds")
+
+
+def comparable(log, run_folder):
+    """Each log line's level, logger and message, its timings and its run's folder masked: the losses, sizes,
+    counts and every other number stay as logged."""
+    lines = re.findall(r"^\S+ \S+ \| (\w+) \| ([\w.]+) \| (.*)$", log, re.MULTILINE)
+    mask = lambda m: f"{m.group(1)}{m.group(2)}*" if m.group(1) else f"{m.group(3)} * seconds"  # noqa: E731
+    return [(level, logger, TIMINGS.sub(mask, message.replace(str(run_folder), "RUN")))
+            for level, logger, message in lines]
+
+
+def test_comparable_log_lines_keep_every_number_but_timings():
+    log = ("2026-11-27 09:19:11 | INFO | train_inner | epoch 001:      2 / 3 loss=6.717, wps=6090.9, ups=3.51, "
+           "num_updates=2, train_wall=0, wall=2\n2026-11-27 09:19:11 | INFO | fairseq_cli.train | done training in "
+           "0.5 seconds\n")
+    assert comparable(log, "/x") == [
+        ("INFO", "train_inner", "epoch 001:      2 / 3 loss=6.717, wps=*, ups=*, num_updates=2, train_wall=*, wall=*"),
+        ("INFO", "fairseq_cli.train", "done training in * seconds")]
 
 
 @pytest.mark.slow
