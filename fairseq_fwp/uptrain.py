@@ -298,14 +298,18 @@ def finetune_command(out, data, model_args):
     more flags may follow it."""
     task = model_args[model_args.index("--task") + 1]
     recipe = FINETUNE_RECIPES[task] + (ADAPTIVE_LOSS if "--adaptive-softmax-cutoff" in model_args else [])
+    if task == "language_modeling" and "--max-target-positions" in model_args:  # segments within its positions
+        positions = int(model_args[model_args.index("--max-target-positions") + 1])
+        segment = recipe.index("--tokens-per-sample") + 1
+        recipe[segment] = str(min(int(recipe[segment]), positions))
     return shlex.join(["fairseq-train", data or "DATA", *model_args, "--finetune-from-model",
                        os.path.join(out, "model.pt"), *recipe, "--save-dir", os.path.join(out, "finetuned")])
 
 
 # Finetuning after --pretrained, with warmup anew. Translation as the published models were trained (Ott et
 # al., 2018). A language model on fwp_stream_lm: 6 streams of 512-token segments (the 3,072 tokens per batch
-# of Baevski and Auli's WikiText-103 model) with the fast weights carried from one segment to the next
-# (the paper's Table 4), Adam at a tenth of a from-scratch rate.
+# of Baevski and Auli's WikiText-103 model; shorter where its positions are fewer) with the fast weights
+# carried from one segment to the next (the paper's Table 4), Adam at a tenth of a from-scratch rate.
 FINETUNE_RECIPES = {
     "translation": ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
                     "--adam-betas", "(0.9,0.98)", "--lr", "0.0005", "--lr-scheduler", "inverse_sqrt",

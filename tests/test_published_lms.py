@@ -220,3 +220,162 @@ def test_a_language_models_name_whose_archive_holds_a_translation_model_is_refus
                                          r"fairseq's hub, but \S+/model\.pt is the checkpoint of a translation model "
                                          r"\(its task: translation\)"):
         converts("transformer_lm.wiki103.adaptive", tmp_path / "out")
+
+
+# -- trained stand-ins, through fairseq's commands -------------------------------------------------------------
+
+# The stand-in trained on the suite's LM corpus (40 types): the same architecture at a tiny width
+TRAINED_WIKI103 = ["--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64,
+                   "--decoder-attention-heads", 4, "--adaptive-input-cutoff", "10,20", "--adaptive-softmax-cutoff",
+                   "10,20", "--tokens-per-sample", 64]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpora):
+    """transformer_lm.wiki103.adaptive's stand-in trained for 8 updates on the suite's LM corpus, packed as the
+    published archive in a mirror of fairseq's server (FAIRSEQ_FWP_MIRROR)."""
+    from examples.recipes.published_layouts import train_lm_archive
+
+    root = tmp_path_factory.mktemp("trained-lm")
+    train_lm_archive(str(root / "adaptive_lm_wiki103.v2"), corpora["lm"], root / "ckpt", TRAINED_WIKI103, updates=8)
+    (root / "mirror").mkdir()
+    pack(root / "adaptive_lm_wiki103.v2", root / "mirror" / "adaptive_lm_wiki103.v2.tar.bz2")
+    return {"folder": root / "adaptive_lm_wiki103.v2", "mirror": root / "mirror", "bin": corpora["lm"]}
+
+
+def perplexity(output):
+    return float(re.search(r"Perplexity: ([0-9.]+)", output).group(1))
+
+
+@pytest.mark.slow
+def test_the_wiki103_lm_converts_by_its_hub_name_scores_finetunes_with_carry_over_and_scores_again(trained, tmp_path):
+    import subprocess
+    import sys
+
+    from examples.recipes.commands import PLUGIN_DIR, fairseq
+    from helpers import ROOT
+
+    out = tmp_path / "wiki103-delta"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), **{pretrained.MIRROR: str(trained["mirror"])},
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    converted = subprocess.run([sys.executable, "-m", "fairseq_fwp.uptrain", "--pretrained",
+                                "transformer_lm.wiki103.adaptive", "--out", out, "--data", trained["bin"], "--",
+                                "--fwp-update-rule", "delta"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    scored = {task: perplexity(fairseq("eval-lm", trained["bin"], "--user-dir", PLUGIN_DIR, "--path", out / "model.pt",
+                                       "--gen-subset", "test", "--task", task, "--tokens-per-sample", 64,
+                                       "--batch-size", 1)) for task in ("language_modeling", "fwp_stream_lm")}
+    assert all(1 < value < 1000 for value in scored.values()), scored  # a perplexity, before any update
+    command = converted.stderr.split("next, finetune it")[1].split(":\n  ", 1)[1].splitlines()[0]
+    assert "--task fwp_stream_lm --tokens-per-sample 64 --batch-size 6" in command  # within its 64 positions
+    finetuned = subprocess.run(["bash", "-c", command + " --max-update 2 --num-workers 0"], capture_output=True,
+                               text=True, cwd=tmp_path, env=env)
+    log = finetuned.stdout + finetuned.stderr
+    assert finetuned.returncode == 0 and "done training" in log and "was saved from another model" not in log, log[-3000:]
+    assert "adaptive_loss" in command and "num_updates 2" in log
+    after = fairseq("eval-lm", trained["bin"], "--user-dir", PLUGIN_DIR, "--path", out / "finetuned" /
+                    "checkpoint_last.pt", "--gen-subset", "test", "--task", "fwp_stream_lm", "--tokens-per-sample", 64,
+                    "--batch-size", 1)
+    assert 1 < perplexity(after) < 1000
+
+
+@pytest.mark.slow
+def test_the_long_context_protocols_are_fairseq_eval_lms(trained, tmp_path):
+    """examples/recipes/long_context.py's blocks and context windows score as fairseq-eval-lm does, and its
+    carried state through the whole split as fwp_stream_lm with one stream does."""
+    import json
+
+    from examples.recipes import long_context
+    from examples.recipes.commands import PLUGIN_DIR, fairseq
+
+    uptrain.convert_pretrained(str(trained["folder"]), str(tmp_path / "delta"), ["--fwp-update-rule", "delta"])
+    original, converted = trained["folder"] / "model.pt", tmp_path / "delta" / "model.pt"
+    long_context.main(["--data", str(trained["bin"]), "--model", f"original={original}", "--model",
+                       f"converted={converted}", "--contexts", "64", "512", "--segment", "32", "--stride", "16",
+                       "--out", str(tmp_path / "context")])
+    results = json.loads((tmp_path / "context" / "context.json").read_text())["models"]
+
+    def eval_lm(checkpoint, *flags):
+        return perplexity(fairseq("eval-lm", trained["bin"], "--user-dir", PLUGIN_DIR, "--path", checkpoint,
+                                  "--gen-subset", "test", "--batch-size", 4, *flags))
+
+    assert results["original"]["carried"]["64"]["perplexity"] == pytest.approx(
+        eval_lm(original, "--tokens-per-sample", 64), rel=2e-3)  # blocks of 64
+    assert results["original"]["sliding"]["64"]["perplexity"] == pytest.approx(
+        eval_lm(original, "--tokens-per-sample", 64, "--context-window", 48), rel=2e-3)
+    assert results["converted"]["carried"]["512"]["perplexity"] == pytest.approx(  # the split: 488 tokens
+        eval_lm(converted, "--task", "fwp_stream_lm", "--tokens-per-sample", 32, "--batch-size", 1), rel=2e-3)
+    assert results["original"]["carried"]["512"] is None and results["original"]["sliding"]["512"] is None
+    assert all(results["converted"][protocol][c] is not None for protocol in results["converted"] for c in ("64", "512"))
+    assert (tmp_path / "context" / "context.png").stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def wmt19_mirror(tmp_path_factory, corpora):
+    """A stand-in of transformer_lm.wmt19.*: moses-tokenised text, fastBPE codes learned on it, a Transformer LM
+    with learned positions and shared input and output embeddings, trained for 5 updates, packed under the
+    three published archives' names in a mirror."""
+    from examples.recipes import bpe, text
+    from examples.recipes.commands import fairseq
+    from examples.recipes.published_layouts import train_lm_archive
+
+    root = tmp_path_factory.mktemp("wmt19")
+    codes = root / "bpecodes"
+    bpe.learn("fastbpe", [os.path.join(corpora["raw_lm"], "train.txt")], str(codes), merges=30)
+    for split in ("train", "valid", "test"):
+        lines = text.read_lines(os.path.join(corpora["raw_lm"], f"{split}.txt"))
+        text.write_lines(root / f"{split}.bpe", bpe.apply("fastbpe", str(codes), lines))
+    fairseq("preprocess", "--only-source", "--trainpref", root / "train.bpe", "--validpref", root / "valid.bpe",
+            "--testpref", root / "test.bpe", "--destdir", root / "bin", "--workers", 1)
+    train_lm_archive(str(root / "wmt19.en"), root / "bin", root / "ckpt", [
+        "--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64, "--decoder-attention-heads",
+        4, "--decoder-learned-pos", "--share-decoder-input-output-embed", "--tokens-per-sample", 64],
+        updates=5, arch="transformer_lm_big", codes=str(codes))
+    (root / "mirror").mkdir()
+    for language in ("en", "de", "ru"):
+        pack(root / "wmt19.en", root / "mirror" / f"wmt19.{language}.tar.bz2", top=f"wmt19.{language}")
+    return {"mirror": root / "mirror", "bin": root / "bin"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("language", ["en", "de", "ru"])
+def test_a_wmt19_lm_converts_and_reads_text_through_from_pretrained(wmt19_mirror, tmp_path, monkeypatch, language):
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+
+    monkeypatch.setenv(pretrained.MIRROR, str(wmt19_mirror["mirror"]))
+    monkeypatch.setattr(pretrained, "CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "delta"
+    _, model_args = uptrain.convert_pretrained(f"transformer_lm.wmt19.{language}", str(out),
+                                               ["--fwp-update-rule", "delta"])
+    assert sorted(os.listdir(out)) == ["bpecodes", "dict.txt", "model.args", "model.pt"]
+    assert "--tokenizer moses --bpe fastbpe" in " ".join(model_args)
+    lm = TransformerLanguageModel.from_pretrained(str(out))  # moses and fastBPE from the converted checkpoint
+    assert isinstance(lm.models[0], FastWeightTransformerLanguageModel)
+    assert type(lm.tokenizer).__name__ == "MosesTokenizer" and type(lm.bpe).__name__ == "fastBPE"
+    torch.manual_seed(0)
+    # the lengths count the prompt's 8 subwords
+    sampled = lm.sample("the cat sees", sampling=True, sampling_topk=5, min_len=12, max_len_b=20)
+    assert sampled.startswith("the cat sees") and len(sampled.split()) > 3
+    scores = lm.score("the cat sees a tree alone .")["positional_scores"]
+    assert len(scores) > 7 and torch.all(scores < 0)  # a log-probability for each subword and </s>
+
+
+@pytest.mark.slow
+def test_a_learned_position_lm_finetunes_on_segments_shorter_than_its_positions(wmt19_mirror, tmp_path, monkeypatch):
+    """fwp_stream_lm takes the model's --max-target-positions from model.args: a learned positional embedding
+    keeps its rows (64) while the segments are shorter (16)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(pretrained.MIRROR, str(wmt19_mirror["mirror"]))
+    monkeypatch.setattr(pretrained, "CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "delta"
+    _, model_args = uptrain.convert_pretrained("transformer_lm.wmt19.en", str(out), ["--fwp-update-rule", "delta"])
+    command = uptrain.finetune_command(str(out), str(wmt19_mirror["bin"]), model_args)
+    finetuned = subprocess.run(["bash", "-c", f"{command} --tokens-per-sample 16 --max-update 2 --num-workers 0"],
+                               capture_output=True, text=True, cwd=tmp_path, env=dict(
+                                   os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]))
+    log = finetuned.stdout + finetuned.stderr
+    assert finetuned.returncode == 0 and "done training" in log, log[-3000:]
+    state = torch.load(out / "finetuned" / "checkpoint_last.pt", weights_only=False)["model"]
+    assert state["decoder.embed_positions.weight"].shape[0] == 64 + 2  # its positions, padding and the pad's row

@@ -76,7 +76,10 @@ class StreamLanguageModelingConfig(FairseqDataclass):
         default="none", metadata={"help": "random: every training epoch reads the text from a random offset "
                                            "(wrapping around), so stream and segment borders move from epoch to "
                                            "epoch; none: the same streams every epoch"})
-    max_target_positions: Optional[int] = II("task.tokens_per_sample")
+    max_target_positions: Optional[int] = field(
+        default=None, metadata={"help": "the model's positions (a learned positional embedding has as many rows): "
+                                         "those of the model finetuned, which may be more than a segment's tokens; "
+                                         "default: --tokens-per-sample"})
     add_bos_token: bool = field(default=False, metadata={"help": "unused; read by the LM model config"})
     batch_size: Optional[int] = II("dataset.batch_size")
     train_subset: str = II("dataset.train_subset")
