@@ -115,6 +115,22 @@ def test_wikitext103_recipe_prepares_trains_and_evaluates(tmp_path, table, row):
     assert result["perplexity"] > 1 and result["paper_test_perplexity"] == rows.WIKITEXT103[table, row].paper[size]
 
 
+def test_the_wikitext103_training_flags_build_their_adaptive_loss(tmp_path):
+    """The wiki103 archs' adaptive softmax trains with adaptive_loss, which fairseq builds only with its own DDP
+    (legacy_ddp): the recipe's flags must say so, or fairseq-train stops before its first update."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from examples.recipes import wikitext103
+
+    (tmp_path / "dict.txt").write_text("".join(f"w{i} 1\n" for i in range(100)))
+    args = parse_args("language_modeling", "fwp_lm_wiki103_small", *map(str, wikitext103.HYPERPARAMETERS))
+    args.data = str(tmp_path)
+    cfg = convert_namespace_to_omegaconf(args)
+    criterion = tasks.setup_task(cfg.task).build_criterion(cfg.criterion)
+    assert type(criterion).__name__ == "AdaptiveLoss"
+
+
 def test_every_lm_row_parses_with_its_arch():
     for (table, name), row in rows.WIKITEXT103.items():
         for size in row.paper:

@@ -29,9 +29,10 @@ SIZES = {  # arch, L, sequences per batch, epochs
     "small": ("fwp_lm_wiki103_small", 256, 96, 120),
     "medium": ("fwp_lm_wiki103_medium", 384, 56, 70),
 }
+# The archs' adaptive softmax trains with adaptive_loss, which fairseq builds with its own DDP only.
 HYPERPARAMETERS = ["--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "0.00025",
                    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "2000", "--dropout", "0.1",
-                   "--criterion", "adaptive_loss"]  # the archs use an adaptive softmax
+                   "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
 
 
 def download(folder):
