@@ -379,3 +379,40 @@ def test_a_learned_position_lm_finetunes_on_segments_shorter_than_its_positions(
     assert finetuned.returncode == 0 and "done training" in log, log[-3000:]
     state = torch.load(out / "finetuned" / "checkpoint_last.pt", weights_only=False)["model"]
     assert state["decoder.embed_positions.weight"].shape[0] == 64 + 2  # its positions, padding and the pad's row
+
+
+@pytest.mark.slow
+def test_the_wikitext103_uptraining_recipe_runs_every_step_on_the_stand_in(trained, corpora, tmp_path):
+    """prepare (with the archive's dictionary), convert (attention transfer included), finetune, evaluate: each
+    step reading what the one before wrote, on the stand-in of transformer_lm.wiki103.adaptive."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        os.symlink(os.path.join(corpora["raw_lm"], f"{split}.txt"), raw / f"wiki.{split}.tokens")
+    data, model, ckpt = tmp_path / "data", tmp_path / "delta", tmp_path / "ckpt"
+
+    def step(*argv):
+        proc = subprocess.run([sys.executable, "-m", "examples.recipes.wikitext103_uptraining", *map(str, argv)],
+                              cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    step("prepare", "--raw-dir", raw, "--out", data, "--pretrained", trained["folder"], "--workers", 1)
+    assert (data / "bin" / "dict.txt").read_text() == (trained["folder"] / "dict.txt").read_text()
+    converted = step("convert", "--data", data, "--row", "delta", "--out", model, "--attention-transfer-steps", 2)
+    assert converted.count("-m fairseq_fwp.uptrain") == 1 and "attention transfer 2/2" in converted
+    step("finetune", "--data", data, "--model", model, "--save-dir", ckpt, "--updates", 2, "--", "--num-workers", 0)
+    log = (ckpt / "train.log").read_text()
+    assert "done training" in log and "was saved from another model" not in log and "fwp_stream_lm" in log
+    assert "--update-freq 8" in log or "'update_freq': [8]" in log  # 48 streams a step, 6 at a time
+    for which in (["--checkpoint", ckpt / "checkpoint_last.pt"],
+                  ["--original", "--", "--tokens-per-sample", 64, "--context-window", 32]):  # the stand-in's 64
+        output = step("evaluate", "--data", data, *which)
+        result = json.loads(output[output.index("{"):output.rindex("}") + 1])
+        assert result["tokens"] > 400 and result["perplexity"] > 1 and result["reported"]
