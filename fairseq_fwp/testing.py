@@ -127,15 +127,19 @@ def triton_interpreter():
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.interpreter import FunctionRewriter, InterpretedFunction
 
+    from .ops import fla
+
     rewritten = InterpretedFunction.rewritten_fn
     saved = dict(rewritten)
     rewritten.clear()  # kernels rewritten before (without the loop rewrite) are rewritten again
+    fla.INTERPRETER_OPEN.append(True)  # fla's backend takes CPU tensors while it is open
     try:
         with _patched(Autotuner, "run", _first_config_only(Autotuner.run)), \
                 _patched(FunctionRewriter, "ast_transformer", _loop_counters_as_tensors_transformer()), \
                 _patched(interpreter, "_patch_lang_tensor", _squeezed_index(interpreter._patch_lang_tensor)):
             yield
     finally:
+        fla.INTERPRETER_OPEN.pop()
         rewritten.clear()
         rewritten.update(saved)
 

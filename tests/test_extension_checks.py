@@ -14,6 +14,7 @@ from fairseq_fwp.modules.feature_maps import FEATURE_MAPS
 from fairseq_fwp.ops import BackendUnavailableError, Memory, UPDATE_RULES, fast_weight, fast_weight_state
 from fairseq_fwp.ops import fast_weight_step_
 from fairseq_fwp.ops.rules.delta import DeltaRule
+from fairseq_fwp.testing import triton_interpreter
 from helpers import ROOT, build_lm_model, build_translation_model, make_inputs
 
 
@@ -205,8 +206,9 @@ def test_a_named_backend_decodes_with_the_rules_own_step_where_it_has_no_step_fo
     k, v = torch.nn.functional.normalize(torch.randn(2, 2, 2, 4), dim=-1), torch.randn(2, 2, 2, 3)
     beta = torch.rand(2, 2, 2)
     choices, memory, reference = [], Memory(), Memory()
-    got = fast_weight_step_(memory, q[:, :, 0], k, v, beta, rule="delta-product", backend="fla",
-                            on_choice=choices.append)
+    with triton_interpreter():
+        got = fast_weight_step_(memory, q[:, :, 0], k, v, beta, rule="delta-product", backend="fla",
+                                on_choice=choices.append)
     want = fast_weight_step_(reference, q[:, :, 0], k, v, beta, rule="delta-product", backend="reference")
     torch.testing.assert_close(got, want)
     assert choices[0].log.startswith("--fwp-backend fla decodes with the rule's own step (fla has no decoding step for "

@@ -5,6 +5,7 @@ Every kernel form also runs on CPU tensors through Triton's interpreter, in
 test_fla_interpreted.py. fla is installed in the test environment: these
 tests must not skip on the CPU, but the GPU ones.
 """
+import contextlib
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import torch
 from fairseq_fwp.ops import BackendUnavailableError, fast_weight_delta, fast_weight_sum
 from fairseq_fwp.ops import fla, fla_guards
 from fairseq_fwp.ops.backends import resolved_name
+from fairseq_fwp.testing import triton_interpreter
 from helpers import make_decay, make_inputs, outputs_and_grads, relative_errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,14 +45,16 @@ def test_auto_never_sends_cpu_tensors_to_fla():
 ])
 def test_what_fla_cannot_take_is_refused_clearly(make, message):
     q = make()
-    with pytest.raises(BackendUnavailableError, match=message):
-        fast_weight_sum(q, q, q, backend="fla")
+    with triton_interpreter() if not torch.cuda.is_available() else contextlib.nullcontext():
+        with pytest.raises(BackendUnavailableError, match=message):
+            fast_weight_sum(q, q, q, backend="fla")
 
 
-def test_fla_on_cpu_tensors_needs_the_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_fla_on_cpu_tensors_needs_the_interpreter_open():
+    """Outside fairseq_fwp.testing.triton_interpreter() a call on CPU tensors is refused before Triton sees it
+    (with TRITON_INTERPRET=1 set, Triton itself would fail for want of a GPU driver)."""
     q = torch.rand(1, 1, 4, 8)
-    with pytest.raises(BackendUnavailableError, match="CUDA tensors.*TRITON_INTERPRET"):
+    with pytest.raises(BackendUnavailableError, match=r"CUDA tensors.*only inside fairseq_fwp.testing.triton_interpreter"):
         fast_weight_delta(q, q, q, q[..., 0], backend="fla")
 
 

@@ -295,7 +295,7 @@ def test_a_backend_that_cannot_run_here_stays_refused_while_decoding():
     from fairseq_fwp.ops import BackendUnavailableError
 
     model, d = build_lm_model("--fwp-backend", "cuda")
-    with pytest.raises(BackendUnavailableError, match="backend 'cuda' cannot run this call: the csrc kernels run on CUDA"):
+    with pytest.raises(BackendUnavailableError, match="--fwp-backend cuda: backend 'cuda' cannot run this call: the csrc kernels run on CUDA"):
         stepwise(model.eval(), d, 1, T=2)
 
 

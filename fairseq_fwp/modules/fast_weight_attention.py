@@ -35,7 +35,7 @@ import torch.nn as nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from ..ops import fast_weight, fast_weight_step_
+from ..ops import BackendUnavailableError, fast_weight, fast_weight_step_
 from ..ops.fast_weight import accumulation_dtype
 from ..ops.memory import factored_length_limit
 from .attention_options import AttentionOptions
@@ -135,9 +135,12 @@ class FastWeightAttention(nn.Module):
         In causal mode the future mask ``attn_mask`` is implied and ignored; in
         non-causal mode ``value`` must be ``key`` (as in every fairseq layer).
         """
-        if self.causal:
-            return self._causal(query, key_padding_mask, incremental_state), None
-        return self._non_causal(query, key, key_padding_mask, incremental_state, static_kv), None
+        try:
+            if self.causal:
+                return self._causal(query, key_padding_mask, incremental_state), None
+            return self._non_causal(query, key, key_padding_mask, incremental_state, static_kv), None
+        except BackendUnavailableError as err:  # a backend that cannot run here: the flag that named it
+            raise BackendUnavailableError(f"--fwp-backend {self.options.backend}: {err}") from None
 
     # -- helpers ---------------------------------------------------------------
 

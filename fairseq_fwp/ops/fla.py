@@ -67,16 +67,19 @@ def kernels():
 
 
 def interpreting():
-    """Whether Triton runs kernels through its CPU interpreter."""
+    """Whether Triton runs kernels through its CPU interpreter in this process (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+INTERPRETER_OPEN = []  # one entry per fairseq_fwp.testing.triton_interpreter() open now
 
 
 def unfit_reason(call):
     """Why fla cannot run `call` (a backends.Call); None if it can."""
     form = kernel_form(call.dtype, call.T)
-    if not (call.device.type == "cuda" or interpreting()):
-        return (f"fla runs on CUDA tensors, but the inputs are on {call.device} "
-                "(on the CPU only through Triton's interpreter, TRITON_INTERPRET=1)")
+    if not (call.device.type == "cuda" or INTERPRETER_OPEN):
+        return (f"fla runs on CUDA tensors, but the inputs are on {call.device} (on the CPU only inside "
+                "fairseq_fwp.testing.triton_interpreter(), with TRITON_INTERPRET=1 set before triton is imported)")
     if call.dtype not in KERNEL_DTYPES:
         return f"fla takes float32, float16 or bfloat16, got {call.dtype}"
     if call.device.type != "cuda" and call.dtype == torch.bfloat16 and form == "chunk":
