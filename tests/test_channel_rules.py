@@ -85,15 +85,6 @@ def test_float64_equals_the_recurrence(rule, shape, with_state, backend):
     assert_all_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("rule", RULES)
-def test_chunked_float32_at_strong_and_full_forgets(rule):
-    inputs = make(rule, 2, 2, 70, 16, 8, dtype=torch.float32, forgets=True)
-    got = results(rule, inputs, op(rule, "chunked"))
-    want = results(rule, widened(inputs), lambda *x: recurrence(rule, *x))
-    errors = relative_errors(got, want)
-    assert max(errors.values()) < 1e-5 and all(torch.isfinite(x).all() for x in got.values()), errors
-
-
 def test_kda_with_n_writes_per_token_is_deltaproduct_with_a_decay_per_channel():
     B, H, T, N, D, Dv = 2, 2, 21, 2, 8, 5
     g = torch.Generator().manual_seed(0)

@@ -69,14 +69,6 @@ BEAMS_AND_BATCH_1 = [*[(m, mf, r, rf, 4) for m, mf in MAPS for r, rf in RULES], 
 
 
 @pytest.mark.parametrize("feature_map, map_flags, rule, rule_flags, rows", BEAMS_AND_BATCH_1)
-def test_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows,
-                                                             fused_calls):
-    """Beams hold W's factors for their first 3 written tokens here, then W; batch 1 holds W from its first
-    token; the fused step runs every step of either."""
-    fused_against_oracle(flags_of(feature_map, map_flags, rule, rule_flags), rows, fused_calls)
-
-
-@pytest.mark.parametrize("feature_map, map_flags, rule, rule_flags, rows", BEAMS_AND_BATCH_1)
 def test_gpu_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows,
                                                                  fused_calls):
     """The CUDA kernel (one thread block per (row, head)) against the rule's own step, both on the GPU."""

@@ -1,0 +1,24 @@
+"""The property harness's hypothesis profiles (docs/DEVELOPERS.md: the property harness):
+
+- "suite", in every run of the test suite: derandomized (the same examples in every run, so that CI
+  is repeatable), a fixed number of examples per property, no example database;
+- "long", for `bash scripts/properties.sh --minutes N`: random examples, many of them, every failure kept
+  in hypothesis's example database (.hypothesis/) and printed with the blob that replays it.
+"""
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("suite", derandomize=True, database=None, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("long", deadline=None, print_blob=True,
+                          max_examples=int(os.environ.get("FWP_PROPERTIES_EXAMPLES", "200")),
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROFILE = os.environ.get("FWP_PROPERTIES", "suite")
+settings.load_profile(PROFILE)
+
+
+def examples(n):
+    """A property's number of examples: n in the suite's profile; the long profile's own (as many as
+    its time allows) otherwise."""
+    return n if PROFILE == "suite" else settings.get_profile("long").max_examples

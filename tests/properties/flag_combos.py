@@ -1,0 +1,135 @@
+"""Random --fwp-* combinations for the two architectures, drawn from the flags themselves: every field of the
+models' configs (FastWeightConfig, and the LM's own), the choices its ChoiceEnum or the registries give when
+it is drawn, and for the integer flags the values below. A new flag joins by being given values here (the
+coverage test fails until it is); a new choice, feature map or update rule joins by being registered.
+
+Beside them, the fairseq flags of each architecture that change what the fast-weight layers see.
+"""
+import dataclasses
+import enum
+import shlex
+
+from hypothesis import strategies as st
+
+from fairseq_fwp.models.fwp_config import FastWeightConfig, registered_choices
+from fairseq_fwp.models.fwp_transformer_lm import FastWeightLanguageModelConfig
+
+# The integer and free-form flags: the values drawn (the defaults among them).
+VALUES = {
+    "fwp_short_conv": ("0", "2", "4"),
+    "fwp_householder_steps": ("1", "2", "3"),
+    "fwp_dpfp_nu": ("1", "2", "3"),
+    "fwp_performer_features": ("0", "3", "8"),
+    "fwp_performer_redraw": ("0", "1", "2"),
+    "fwp_softmax_layers": ("", "0", "1", "0,1"),
+}
+# Flags of the --fwp-* family that no model invariant draws, and why.
+NOT_DRAWN = {
+    "fwp_sum_norm": "deprecated: --fwp-qk-norm says it (tests/test_flags_and_compat.py holds the two together)",
+}
+# fairseq's own flags that change what the fast-weight layers see, per architecture.
+FAIRSEQ_FLAGS = {
+    "translation": ("--cross-self-attention", "--encoder-normalize-before", "--decoder-normalize-before",
+                    "--layernorm-embedding", "--share-all-embeddings", "--no-scale-embedding"),
+    "lm": ("--decoder-normalize-before", "--no-decoder-final-norm", "--share-decoder-input-output-embed",
+           "--no-scale-embedding"),
+}
+ARCHS = {"translation": ("translation", "fwp_transformer_tiny"), "lm": ("language_modeling", "fwp_lm_tiny")}
+
+
+def model_fields(arch):
+    """The --fwp-* fields of the architecture's config, by dest."""
+    config = FastWeightLanguageModelConfig if arch == "lm" else FastWeightConfig
+    return {f.name: f for f in dataclasses.fields(config) if f.name.startswith("fwp_")}
+
+
+def values_of(field):
+    """The values a combination draws for the config field (registered names at the time of the call)."""
+    registered = registered_choices()
+    if field.name in registered:
+        return tuple(registered[field.name])
+    if field.name in VALUES:
+        return VALUES[field.name]
+    choices = getattr(field.type, "__members__", None)  # fairseq's ChoiceEnum
+    if choices is None and hasattr(field.type, "__args__"):  # Optional[ChoiceEnum]
+        choices = next((getattr(t, "__members__", None) for t in field.type.__args__ if hasattr(t, "__members__")),
+                       None)
+    if choices is None:
+        raise KeyError(f"--{field.name.replace('_', '-')}: no values to draw (give it some in VALUES)")
+    return tuple(str(member.value if isinstance(member, enum.Enum) else member) for member in choices.values())
+
+
+def drawn_values(arch):
+    """{flag: the values a combination draws for it}, for every --fwp-* flag of the architecture but NOT_DRAWN's
+    (the registries read now)."""
+    return {f"--{dest.replace('_', '-')}": values_of(field) for dest, field in sorted(model_fields(arch).items())
+            if dest not in NOT_DRAWN}
+
+
+@dataclasses.dataclass(frozen=True)
+class Combination:
+    arch: str  # "translation" or "lm"
+    flags: tuple  # the fairseq-train flags that differ from the defaults
+
+    @property
+    def task_and_arch(self):
+        return ARCHS[self.arch]
+
+    def command(self):
+        """A fairseq-train command line of the model (with the data of your own), for a failure's report."""
+        task, arch = self.task_and_arch
+        return shlex.join(["fairseq-train", "DATA", "--user-dir", "fairseq_fwp", "--task", task, "--arch", arch,
+                           *self.flags])
+
+    def __repr__(self):  # as hypothesis reports a failing example: the command that builds the model
+        return self.command()
+
+    def without(self, flag):
+        """The combination without `flag` (and its value, where it takes one)."""
+        index = self.flags.index(flag)
+        takes_value = index + 1 < len(self.flags) and not self.flags[index + 1].startswith("--")
+        return Combination(self.arch, self.flags[:index] + self.flags[index + 1 + takes_value:])
+
+
+def refusal(combination):
+    """The message of the combination's refusal when its arguments are parsed, or None where it is taken."""
+    from helpers import parse_args
+
+    try:
+        parse_args(*combination.task_and_arch, *combination.flags)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def named_flags(combination, message):
+    """The combination's flags that a refusal names."""
+    return [flag for flag in combination.flags if flag.startswith("--") and flag in message]
+
+
+def taken(combination):
+    """The combination with the flags its refusals name dropped, one at a time, until it is taken: a random
+    combination most of whose flags are valid together. A refusal that names none of its flags is an
+    AssertionError (the harness's first invariant)."""
+    message = refusal(combination)
+    while message is not None:
+        named = named_flags(combination, message)
+        assert named, f"{combination.command()}: refused without naming one of its flags: {message}"
+        combination = combination.without(named[-1])
+        message = refusal(combination)
+    return combination
+
+
+@st.composite
+def combinations(draw, arch=None, fixed=()):
+    """A Combination: each --fwp-* flag given with probability about 1/3, a random value of it; each fairseq
+    flag of the architecture with probability 1/6; `fixed` (flag, value) pairs appended."""
+    arch = arch or draw(st.sampled_from(sorted(ARCHS)))
+    flags = []
+    for flag, values in drawn_values(arch).items():
+        if draw(st.integers(0, 2)) == 0:
+            flags += [flag, draw(st.sampled_from(values))]
+    flags += [flag for flag in FAIRSEQ_FLAGS[arch] if draw(st.integers(0, 5)) == 0]
+    for flag, value in fixed:
+        flags += [flag, value]
+    return Combination(arch, tuple(flags))

@@ -1,0 +1,55 @@
+"""The harness covers what can be chosen: every registered update rule and feature map (drawn from the
+registries when a case is drawn, a new registration included), every --fwp-* flag of both architectures
+and each of its values."""
+import pytest
+from hypothesis import find, settings
+
+from fairseq_fwp.modules.feature_maps import FEATURE_MAPS, FeatureMap, register_feature_map
+from fairseq_fwp.ops import UPDATE_RULES
+from fairseq_fwp.ops.rules.delta import DeltaRule
+from fairseq_fwp.ops.rules import register_update_rule
+from flag_combos import ARCHS, NOT_DRAWN, drawn_values, model_fields
+from op_cases import op_cases
+
+SEARCH = settings(max_examples=2000, database=None)
+
+
+@pytest.fixture
+def a_new_rule_and_map():
+    """A rule and a feature map registered for the test only."""
+    @register_update_rule("coverage-rule")
+    class CoverageRule(DeltaRule):
+        def step(self, memory, q, k, v, beta, decay):
+            return super().step(memory, q, k, v, beta, decay)
+
+    @register_feature_map("coverage-map")
+    class CoverageMap(FeatureMap):
+        def __init__(self, head_dim):
+            super().__init__()
+            self.out_dim = head_dim
+
+        def forward(self, x):
+            return x.sigmoid()
+
+    yield
+    del UPDATE_RULES["coverage-rule"], FEATURE_MAPS["coverage-map"]
+
+
+def test_every_registered_rule_is_drawn_by_the_op_cases_a_new_one_too(a_new_rule_and_map):
+    for rule in UPDATE_RULES:
+        find(op_cases(), lambda case: case.rule == rule, settings=SEARCH)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_flag_and_each_of_its_values_is_drawn_a_new_rule_and_map_too(arch, a_new_rule_and_map):
+    """combinations() draws each flag of drawn_values() from its values there: those must be every --fwp-*
+    flag of the architecture (values_of raises for one without values) and, for a flag of choices, each
+    choice, registered names included."""
+    drawn = drawn_values(arch)
+    fields = model_fields(arch)
+    assert set(drawn) == {f"--{dest.replace('_', '-')}" for dest in fields if dest not in NOT_DRAWN}
+    assert "coverage-rule" in drawn["--fwp-update-rule"] and "coverage-map" in drawn["--fwp-feature-map"]
+    for dest, field in fields.items():
+        choices = getattr(field.type, "__members__", None)
+        if choices is not None and dest not in NOT_DRAWN:
+            assert set(drawn[f"--{dest.replace('_', '-')}"]) == {str(m.value) for m in choices.values()}, dest
