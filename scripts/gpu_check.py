@@ -135,8 +135,9 @@ def part_tests(section, args):
     argv = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "gpu_check_plugin", "-p", "no:cacheprovider",
             *files]
     try:
-        import xdist  # noqa: F401  (in the GPU image: Triton compiles on several cores at once)
-        argv += ["-n", str(min(4, os.cpu_count() or 1))]
+        import xdist  # noqa: F401  (in the GPU image: Triton compiles one kernel at a time per process, and
+        # the fla tests spend 10-13 s each compiling: as many workers as cores, 12 at most, share the GPU)
+        argv += ["-n", str(min(12, os.cpu_count() or 1))]
     except ImportError:
         pass
     env = dict(os.environ, GPU_CHECK_SECTION=section.path, GPU_CHECK_HEADER=header,
