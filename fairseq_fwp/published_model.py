@@ -61,8 +61,8 @@ def twin(pretrained, folder, checkpoint, row_argv, data=None, hub_entry=None):
     flags `row_argv` (what follows --), on `data` (default: the folder's dictionaries). `hub_entry`: the
     entry of fairseq's hub table that named it (pretrained.hub), or None."""
     hub_entry = hub_entry or {}
-    complete_model_config(checkpoint)
     task = kind_of(pretrained, folder, checkpoint, hub_entry.get("task"))
+    complete_model_config(checkpoint)
     dictionaries(folder, task)  # before any work
     given, batch, fwp = split_row_flags(row_argv, task)
     options = model_options(checkpoint, task)

@@ -33,6 +33,11 @@ iterator (a resumed run continues from its own checkpoint_last.pt instead).
 ``--attention-transfer-steps N`` first trains only the converted attentions, N steps on the training
 batches, to reproduce the softmax attentions they replace (attention_transfer.py), so that finetuning
 starts from a model that already attends almost as the softmax one did.
+
+``--pretrained NAME|URL|PATH --out FOLDER -- <--fwp-* flags>`` converts one of fairseq's published
+translation or language models (pretrained.py fetches it, published_model.py says what it is and builds
+the fairseq-train flags of its fast-weight twin) into a folder laid out as its archive, and prints the
+command that finetunes it.
 """
 import argparse
 import dataclasses

@@ -115,6 +115,30 @@ def test_wikitext103_recipe_prepares_trains_and_evaluates(tmp_path, table, row):
     assert result["perplexity"] > 1 and result["paper_test_perplexity"] == rows.WIKITEXT103[table, row].paper[size]
 
 
+@pytest.mark.slow
+def test_the_context_recipe_uptrains_a_stand_in_and_scores_three_models_past_its_positions(tmp_path):
+    """wikitext2_context at a tiny budget: the original (64 positions) scored only where it can read, the
+    converted and the from-scratch fast-weight LMs at every context."""
+    rng = random.Random(2)
+    os.makedirs(tmp_path / "data" / "wikitext-2")
+    for split, articles in (("valid", 12), ("test", 8)):
+        lines = [line for _ in range(articles) for line in [" = Title = ", ""] + [
+            " " + lm_sentence(rng) + " " for _ in range(8)] + [""]]
+        text.write_lines(tmp_path / "data" / "wikitext-2" / f"{split}.txt", lines)
+    from examples.recipes import wikitext2_context
+
+    wikitext2_context.main([str(a) for a in (
+        "--data-dir", tmp_path / "data", "--out", tmp_path / "out", "--positions", 64, "--cutoffs", "10,20",
+        "--original-updates", 3, "--finetune-updates", 2, "--contexts", 64, 256, "--segment", 32, "--stride", 32)])
+    results = json.loads((tmp_path / "out" / "context" / "context.json").read_text())["models"]
+    assert [results["original"][p]["256"] for p in ("carried", "sliding")] == [None, None]
+    assert all(results[model][p][c]["perplexity"] > 1 for model in ("original", "converted", "scratch")
+               for p in ("carried", "sliding") for c in ("64", "256") if model != "original" or c == "64")
+    logs = {name: (tmp_path / "out" / f"{name}.log").read_text() for name in ("finetuned", "scratch")}
+    assert "num_updates 2 " in logs["finetuned"] or "num_updates=2" in logs["finetuned"]
+    assert "finetune_from_model" in logs["finetuned"] and "'finetune_from_model': None" in logs["scratch"]
+
+
 def test_the_wikitext103_training_flags_build_their_adaptive_loss(tmp_path):
     """The wiki103 archs' adaptive softmax trains with adaptive_loss, which fairseq builds only with its own DDP
     (legacy_ddp): the recipe's flags must say so, or fairseq-train stops before its first update."""

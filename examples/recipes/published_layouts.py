@@ -100,7 +100,8 @@ def write_lm_archive(folder, arch="transformer_lm_wiki103", layout="args", model
                 "optimizer_history": [{"criterion_name": "AdaptiveLoss", "optimizer_name": "FairseqNAG",
                                        "lr_scheduler_state": {"best": None}, "num_updates": 1000}],
                 "extra_state": {"train_iterator": {"epoch": 1}, "val_loss": None}, "last_optimizer_state": None},
-               os.path.join(folder, "model.pt"), _use_new_zipfile_serialization=False)
+               os.path.join(folder, "model.pt.part"), _use_new_zipfile_serialization=False)
+    os.replace(os.path.join(folder, "model.pt.part"), os.path.join(folder, "model.pt"))  # written whole or not at all
     return args
 
 
@@ -126,10 +127,11 @@ ADAPTIVE_ARCHS = ("transformer_lm_wiki103", "transformer_lm_baevski_wiki103")  #
 
 def pack(folder, archive, top=None):
     """`archive` (.tar.bz2, .tar.gz or .tar) of `folder`, inside one top folder (`top`, default the folder's
-    name), as fairseq packs its archives."""
+    name), as fairseq packs its archives; written beside it first, so that it exists only whole."""
     mode = {".bz2": "w:bz2", ".gz": "w:gz"}.get(os.path.splitext(str(archive))[1], "w")
-    with tarfile.open(archive, mode) as tar:
+    with tarfile.open(f"{archive}.part", mode) as tar:
         tar.add(folder, arcname=top or os.path.basename(os.path.normpath(folder)))
+    os.replace(f"{archive}.part", archive)
     return archive
 
 

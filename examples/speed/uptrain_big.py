@@ -33,6 +33,16 @@ MEASURED = ("import resource, sys, time; sys.argv = ['uptrain'] + sys.argv[1:]; 
             "print(f'SECONDS {time.time() - start:.1f} PEAK_MB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}')")
 
 
+def measured_conversion(source, out, row_flags):
+    """`python -m fairseq_fwp.uptrain --pretrained SOURCE --out OUT -- ROW_FLAGS` in a process of its own: (its
+    seconds, its peak resident memory in MB), as text."""
+    output = subprocess.run([sys.executable, "-c", MEASURED, "--pretrained", str(source), "--out", str(out), "--",
+                             *row_flags], capture_output=True, text=True, cwd=ROOT)
+    if output.returncode:
+        raise RuntimeError(output.stderr[-3000:])
+    return re.search(r"SECONDS ([0-9.]+) PEAK_MB (\d+)", output.stdout).groups()
+
+
 def published_stand_in(out):
     """A random transformer_vaswani_wmt_en_de_big packed as fairseq's archives, saved as the published ones
     were (args only); returns (its folder, its parameter count)."""
@@ -82,11 +92,7 @@ def main():
     print(f"| softmax (the original) | | | {softmax:.1f} | 1.00x |", flush=True)
     for row, flags in WMT16_ROWS.items():
         out = os.path.join(args.out, row)
-        output = subprocess.run([sys.executable, "-c", MEASURED, "--pretrained", folder, "--out", out, "--", *flags],
-                                capture_output=True, text=True, cwd=ROOT)
-        if output.returncode:
-            raise RuntimeError(output.stderr[-3000:])
-        seconds, peak = re.search(r"SECONDS ([0-9.]+) PEAK_MB (\d+)", output.stdout).groups()
+        seconds, peak = measured_conversion(folder, out, flags)
         generated = generate_seconds(data, os.path.join(out, "model.pt"), args.sentences)
         print(f"| {row} | {seconds} | {peak} | {generated:.1f} | {softmax / generated:.2f}x |", flush=True)
 
