@@ -16,7 +16,8 @@ every output is an affine function of each step's decay a_t (a_t only
 scales W_{t-1}, or its key channels, before step t writes): with the small
 decays of one step set to 1 and everything else kept, the log-domain
 gradient there is exactly dL/da_t. One pass of the op can do this for one
-step of each row (batch row and head: they never mix). Steps where every
+step of each row (batch row and head: they never mix), and passes run side
+by side as copies of the rows, in one call of the op. Steps where every
 channel is small (every small step of a decay per head) are cheaper: two
 passes serve them all, every other one of each row at a time, because two
 of them in one pass are always separated by one of the other pass, which
@@ -61,6 +62,25 @@ def _passes(below):
     return [below & (step.unsqueeze(-1) if per_channel else step) for step in steps if step.any()]
 
 
+ROWS_PER_CALL = 2**24  # numbers of the largest input: passes run side by side, as copies of the rows, up to this
+
+
+def _at_one_gradients(run, log_decay, chosen, inputs, grads):
+    """The log-domain gradients of K passes at once, the rows repeated K times (they never mix): pass k sets the
+    decays of chosen[k] to 1. Returns [K, *log_decay.shape]."""
+    K = len(chosen)
+    repeated = lambda x: None if x is None else x.detach().repeat(K, *[1] * (x.dim() - 1))  # noqa: E731
+    at_one = log_decay.expand(K, *log_decay.shape).masked_fill(chosen, 0.0).flatten(0, 1).requires_grad_()
+    outputs = _as_tuple(run(at_one, *map(repeated, inputs)))
+    (d_at_one,) = torch.autograd.grad(outputs, at_one, [repeated(g) for g in grads])
+    return d_at_one.view(K, *log_decay.shape)
+
+
+def _merged(d_decay, chosen, d_at_one):
+    """d_decay with each pass's gradients where it chose (the passes choose disjoint decays)."""
+    return torch.where(chosen.any(0), torch.where(chosen, d_at_one, 0.0).sum(0), d_decay)
+
+
 class _ExactDecayGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, decay, *tensors):
@@ -82,10 +102,11 @@ class _ExactDecayGradient(torch.autograd.Function):
             wrt = [log_decay] + [x for x in inputs if x is not None and x.requires_grad]
             d_log, *d_inputs = torch.autograd.grad(outputs, wrt, grads, allow_unused=True)
             d_decay = torch.where(below, torch.zeros_like(d_log), d_log / decay.masked_fill(below, 1))
-            for chosen in _passes(below):
-                at_one = log_decay.detach().masked_fill(chosen, 0.0).requires_grad_()
-                (d_at_one,) = torch.autograd.grad(
-                    _as_tuple(ctx.run(at_one, *[None if x is None else x.detach() for x in inputs])), at_one, grads)
-                d_decay = torch.where(chosen, d_at_one, d_decay)
+            passes = _passes(below)
+            per_call = max(1, ROWS_PER_CALL // max(x.numel() for x in [decay, *tensors] if x is not None))
+            for first in range(0, len(passes), per_call):
+                chosen = torch.stack(passes[first:first + per_call])  # [K, B, ...]: K passes as K copies of the rows
+                d_at_one = _at_one_gradients(ctx.run, log_decay.detach(), chosen, inputs, grads)
+                d_decay = _merged(d_decay, chosen, d_at_one)
         d_inputs = iter(d_inputs)
         return (None, d_decay, *[next(d_inputs) if x is not None and x.requires_grad else None for x in inputs])

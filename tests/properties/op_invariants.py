@@ -22,7 +22,9 @@ from fairseq_fwp.ops.protocol import run_step
 from fairseq_fwp.testing import triton_interpreter
 
 INPUTS = ("q", "k", "v", "beta", "state", "decay", "log_decay")
-TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-4}
+# float64: sqrt(eps), the error decay.py's exact gradients allow where two decays below sqrt(eps) meet (a product
+# of them is cut to below sqrt(eps), not to zero)
+TOLERANCE = {torch.float64: 2e-8, torch.float32: 2e-4}
 
 
 def loss_of(out, W, seed):

@@ -20,6 +20,8 @@ from reproduce import op_command
                      0.5, 1.0, 1))
 # decays below sqrt(eps) in different channels of KDA, whose writes mix channels (decay.py's passes)
 @example(case=OpCase("kda", 2, 2, 17, 4, 3, 1, torch.float64, True, "chunked", "decay", "small", 3.0, 1.0, 2))
+# decays near 2e-9 (below sqrt(eps)) as decay= in float64: gradients within sqrt(eps), the exactness decay.py has
+@example(case=OpCase("gated-delta", 1, 1, 33, 40, 1, 1, torch.float64, False, "auto", "decay", "none", 6.0, 1.0, 0))
 def test_every_call_of_the_ops(invariant, case):
     note(f"reproduce: {op_command(invariant, case)}")
     invariant(case)
