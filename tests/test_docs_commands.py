@@ -1,6 +1,7 @@
 """Every shell command in a code block of the README and docs/ runs as written, on small generated data
-("my data": tok/ and text/), with a tiny budget added where a user trying it would add one. A block that
-cannot run here says why, in the page, just above it:
+("my data": tok/ and text/, and a stand-in of fairseq's published WikiText-103 LM served under its hub name),
+with a tiny budget added where a user trying it would add one. A block that cannot run here says why, in the
+page, just above it:
 
     <!-- not run by the docs test: needs the network -->
 
@@ -144,16 +145,43 @@ def in_place(lines, flags):
 
 
 def write_my_data(home):
-    """Word-level parallel text in tok/ and monolingual text in text/, as the README's commands expect."""
+    """Word-level parallel text in tok/ and monolingual text in text/, as the README's commands expect; the
+    same monolingual text as WikiText-103's files in wikitext-103/, and a mirror of fairseq's server in
+    .mirror/ holding a stand-in of transformer_lm.wiki103.adaptive trained on it (published_mirror)."""
     mt, lm = write_corpora(os.path.join(home, "generated"), n_train=600, n_eval=8, seed=5)
-    os.makedirs(os.path.join(home, "tok"))
-    os.makedirs(os.path.join(home, "text"))
+    for folder in ("tok", "text", "wikitext-103"):
+        os.makedirs(os.path.join(home, folder))
     for split in ("train", "valid", "test"):
         for side, lang in (("src", "en"), ("tgt", "de")):
             os.link(os.path.join(mt, f"{split}.{side}"), os.path.join(home, "tok", f"{split}.{lang}"))
         os.link(os.path.join(lm, f"{split}.txt"), os.path.join(home, "text", f"{split}.txt"))
+        os.link(os.path.join(lm, f"{split}.txt"), os.path.join(home, "wikitext-103", f"wiki.{split}.tokens"))
     for name in ("fairseq_fwp", "examples", "scripts"):  # the commands run from the repository's root
         os.symlink(os.path.join(ROOT, name), os.path.join(home, name))
+    return published_mirror(home, lm)
+
+
+# transformer_lm_wiki103 at a tiny width, over the docs' LM text (40 types), with the docs' 512 positions
+TINY_WIKI103 = ["--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64,
+                "--decoder-attention-heads", 4, "--adaptive-input-cutoff", "10,20", "--adaptive-softmax-cutoff", "10,20",
+                "--tokens-per-sample", 512]
+
+
+def published_mirror(home, text_dir):
+    """A folder that serves --pretrained transformer_lm.wiki103.adaptive (FAIRSEQ_FWP_MIRROR): its stand-in,
+    trained for 5 updates on `text_dir`'s text."""
+    from examples.recipes.commands import fairseq
+    from examples.recipes.published_layouts import pack, train_lm_archive
+
+    work = os.path.join(home, ".stand-in")
+    fairseq("preprocess", "--only-source", "--trainpref", os.path.join(text_dir, "train.txt"), "--validpref",
+            os.path.join(text_dir, "valid.txt"), "--destdir", os.path.join(work, "bin"), "--workers", 1)
+    folder = os.path.join(work, "adaptive_lm_wiki103.v2")
+    train_lm_archive(folder, os.path.join(work, "bin"), os.path.join(work, "ckpt"), TINY_WIKI103, updates=5)
+    mirror = os.path.join(home, ".mirror")
+    os.makedirs(mirror)
+    pack(folder, os.path.join(mirror, "adaptive_lm_wiki103.v2.tar.bz2"))
+    return mirror
 
 
 def test_a_budget_goes_where_a_user_adds_it():
@@ -191,12 +219,14 @@ def test_every_command_block_is_tagged_and_its_placeholders_known():
 @pytest.mark.slow
 def test_every_documented_command_runs_as_written(tmp_path):
     home = str(tmp_path)
-    write_my_data(home)
+    mirror = write_my_data(home)
     # fairseq-preprocess, -train, -generate and -eval-lm as stand-ins that run on one preloaded server (about
     # 4 s less per command; tests/test_preloaded.py holds its runs to the console scripts'); the rest, and
     # fairseq-interactive, as installed
     stand_ins = os.path.join(home, ".stand-ins")
-    env = dict(os.environ, **preloaded.stand_ins(stand_ins),
+    # --pretrained NAME reads the published archives from the mirror, and extracts them into the test's cache
+    env = dict(os.environ, **preloaded.stand_ins(stand_ins), FAIRSEQ_FWP_MIRROR=mirror,
+               XDG_CACHE_HOME=os.path.join(home, ".cache"),
                PATH=os.pathsep.join([stand_ins, os.path.dirname(sys.executable), os.environ["PATH"]]))
     ran = []
     for block in command_blocks():
