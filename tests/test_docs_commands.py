@@ -163,8 +163,8 @@ def write_my_data(home):
 
 # transformer_lm_wiki103 at a tiny width, over the docs' LM text (40 types), with the docs' 512 positions
 TINY_WIKI103 = ["--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64,
-                "--decoder-attention-heads", 4, "--adaptive-input-cutoff", "10,20", "--adaptive-softmax-cutoff", "10,20",
-                "--tokens-per-sample", 512]
+                "--decoder-attention-heads", 4, "--adaptive-input-cutoff", "10,20",
+                "--adaptive-softmax-cutoff", "10,20", "--tokens-per-sample", 512]
 
 
 def published_mirror(home, text_dir):

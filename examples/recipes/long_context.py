@@ -17,7 +17,7 @@ A model without fast weights to carry (softmax attention) reads each block or wi
 only where it fits its positions (model.max_positions(): the published WikiText-103 model's 3,072): past
 them it has no point. A fast-weight model's positions, where it has any, restart in every segment, as in
 fwp_stream_lm; its cost per token does not grow with the context. Writes OUT/context.json (perplexity and
-tokens per second of each model, protocol and context) and OUT/context.png.
+tokens per second of each model, protocol and context) and OUT/context.png, and prints them as a table.
 """
 import argparse
 import json
@@ -121,6 +121,19 @@ def evaluate(reader, n, context, protocol, stride):
     return {"perplexity": math.exp(-total / count), "tokens": count, "tokens_per_s": count / seconds}
 
 
+def table(results):
+    """The results as a markdown table: a row per model and protocol, a column per context, each cell the
+    perplexity (tokens scored per second), a dash beyond the model's positions."""
+    contexts = list(next(iter(results["models"].values()))["carried"])
+    lines = ["| model | protocol | " + " | ".join(contexts) + " |", "|---|---|" + "---|" * len(contexts)]
+    for name, by_protocol in results["models"].items():
+        for protocol in PROTOCOLS:
+            cells = [f"{r['perplexity']:.1f} ({r['tokens_per_s']:.0f})" if r else "-"
+                     for r in by_protocol[protocol].values()]
+            lines.append(f"| {name} | {protocol} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(results, path):
     import matplotlib
 
@@ -183,6 +196,7 @@ def main(argv=None):
     with open(os.path.join(args.out, "context.json"), "w") as f:
         json.dump(results, f, indent=1)
     plot(results, os.path.join(args.out, "context.png"))
+    print(table(results))
     print(f"wrote {os.path.join(args.out, 'context.json')} and context.png", flush=True)
 
 
