@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 
 import pytest
@@ -47,6 +48,23 @@ def one_preloaded_server_per_worker(tmp_path_factory):
         from examples.recipes import preloaded
 
         os.environ.update(preloaded.stand_ins(str(tmp_path_factory.mktemp("stand-ins"))))
+
+
+@pytest.fixture
+def own_server(monkeypatch):
+    """This test's own preloaded server, started by its first command under the environment the test sets
+    before (what a new process reads at its start: a cache folder, thread counts): {"process": the server,
+    ...} once started."""
+    from examples.recipes import preloaded
+
+    monkeypatch.delenv("FAIRSEQ_FWP_PRELOAD_SOCKET", raising=False)
+    server = {}
+    monkeypatch.setattr(preloaded, "_server", server)
+    yield server
+    if server:
+        server["process"].terminate()
+        server["process"].wait()
+        shutil.rmtree(os.path.dirname(server["path"]))
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ REASONS = (
     "needs the network and a GPU",
     "changes this clone (adds a git worktree)",
     "a full-size benchmark: minutes and gigabytes",
+    "a long run: minutes by design",
     "the two commands: CI runs the test command; tests/test_quickstart.py runs the quickstart job",
 )
 FENCE = re.compile(r"^```(\S*)\s*$")
@@ -217,16 +218,18 @@ def test_every_command_block_is_tagged_and_its_placeholders_known():
 
 
 @pytest.mark.slow
-def test_every_documented_command_runs_as_written(tmp_path):
+def test_every_documented_command_runs_as_written(tmp_path, monkeypatch, own_server):
     home = str(tmp_path)
+    # --pretrained NAME extracts the published archives into the test's cache: set before the test's own
+    # preloaded server starts, as fairseq reads its cache folder when imported
+    monkeypatch.setenv("XDG_CACHE_HOME", os.path.join(home, ".cache"))
     mirror = write_my_data(home)
-    # fairseq-preprocess, -train, -generate and -eval-lm as stand-ins that run on one preloaded server (about
-    # 4 s less per command; tests/test_preloaded.py holds its runs to the console scripts'); the rest, and
+    # fairseq-preprocess, -train, -generate and -eval-lm as stand-ins that run on that server (about 4 s less
+    # per command; tests/test_preloaded.py holds its runs to the console scripts'); the rest, and
     # fairseq-interactive, as installed
     stand_ins = os.path.join(home, ".stand-ins")
-    # --pretrained NAME reads the published archives from the mirror, and extracts them into the test's cache
+    # --pretrained NAME reads the published archives from the mirror
     env = dict(os.environ, **preloaded.stand_ins(stand_ins), FAIRSEQ_FWP_MIRROR=mirror,
-               XDG_CACHE_HOME=os.path.join(home, ".cache"),
                PATH=os.pathsep.join([stand_ins, os.path.dirname(sys.executable), os.environ["PATH"]]))
     ran = []
     for block in command_blocks():

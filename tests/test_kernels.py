@@ -149,14 +149,15 @@ NVCC = shutil.which("nvcc")
 CU_FILES = sorted((Path(kernels.CSRC_DIR)).glob("*.cu"))
 
 
-@pytest.mark.slow  # nvcc takes about 10 s per target
+@pytest.mark.slow  # nvcc takes 7-12 s per file
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("source", CU_FILES, ids=lambda p: p.name)
-def test_cuda_sources_compile(tmp_path, source, arch):
-    """Every .cu compiles with CUDA headers only (no torch): a GPU-less compile check."""
+def test_cuda_sources_compile(tmp_path, source):
+    """Every .cu compiles with CUDA headers only (no torch): a GPU-less compile check. For the oldest
+    architecture the kernels support (sm_80): the sources hold no per-architecture code, and the GPU check
+    builds them for its device (sm_90 on an H100)."""
     cmd = [NVCC, "-std=c++17", "-O3", "-c", str(source), "-o", str(tmp_path / "out.o"),
-           "-gencode", f"arch=compute_{arch[3:]},code={arch}", "-Werror", "all-warnings"]
+           "-gencode", "arch=compute_80,code=sm_80", "-Werror", "all-warnings"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

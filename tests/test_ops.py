@@ -1,4 +1,4 @@
-"""The ops beyond what tests/properties/test_ops.py holds every call to: gradcheck, chunk sizes, chained calls,
+"""The ops beyond what tests/properties/test_op_properties.py holds every call to: gradcheck, chunk sizes, chained calls,
 dtypes and autocast, bad input, the choice of backend and the decoding memory."""
 import dataclasses
 

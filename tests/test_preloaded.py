@@ -168,20 +168,6 @@ def set_environment(monkeypatch, **variables):
             monkeypatch.setenv(name, value)
 
 
-@pytest.fixture
-def own_server(monkeypatch):
-    """This test's own server, started by its first command under the environment the test sets before:
-    {"process": the server, ...} once started."""
-    monkeypatch.delenv("FAIRSEQ_FWP_PRELOAD_SOCKET", raising=False)
-    server = {}
-    monkeypatch.setattr(preloaded, "_server", server)
-    yield server
-    if server:
-        server["process"].terminate()
-        server["process"].wait()
-        shutil.rmtree(os.path.dirname(server["path"]))
-
-
 # What the interpreter, the thread pools (torch's, and numpy's OpenBLAS) and fairseq read when they start, and
 # who started this process.
 READS_AT_START = """

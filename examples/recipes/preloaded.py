@@ -128,6 +128,7 @@ def _server_path():
 
 def serve(path):
     import torch  # noqa: F401  (what every command imports first)
+    import torch._dynamo  # noqa: F401  (what torch.optim imports when fairseq-train builds its optimizer: 2 s)
 
     modules = {name: importlib.import_module(f"fairseq_cli.{name}") for name in COMMANDS}
     start_environment = _read_at_start(os.environ)

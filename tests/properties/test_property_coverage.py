@@ -53,3 +53,35 @@ def test_every_flag_and_each_of_its_values_is_drawn_a_new_rule_and_map_too(arch,
         choices = getattr(field.type, "__members__", None)
         if choices is not None and dest not in NOT_DRAWN:
             assert set(drawn[f"--{dest.replace('_', '-')}"]) == {str(m.value) for m in choices.values()}, dest
+
+
+def test_a_failures_command_lines_rerun_its_example(capsys):
+    """The lines a failure prints (docs/DEVELOPERS.md) parse back into their examples and run them."""
+    import shlex
+
+    import reproduce
+    from flag_combos import Combination
+    from model_invariants import decoding_equals_the_full_forward
+    from op_invariants import state_alone_is_the_sequences_final_state
+
+    case = find(op_cases(), lambda c: c.rule == "delta" and c.T > 1, settings=SEARCH)
+    lines = [reproduce.op_command(state_alone_is_the_sequences_final_state, case),
+             reproduce.model_command(decoding_equals_the_full_forward,
+                                     Combination("lm", ("--fwp-update-rule", "delta")), 7, [2])]
+    for line in lines:
+        program, script, *argv = shlex.split(line)
+        assert (program, script) == (".venv/bin/python", "tests/properties/reproduce.py")
+        reproduce.main(argv)
+    assert capsys.readouterr().out.count("passes on this example") == 2
+
+
+def test_a_reproduction_raises_what_the_invariant_raises(monkeypatch):
+    import reproduce
+
+    def rejects(case):
+        raise AssertionError(f"rejected {case.rule} at T = {case.T}")
+
+    monkeypatch.setitem(reproduce.INVARIANTS, "rejects", rejects)
+    case = find(op_cases(), lambda c: c.T > 1, settings=SEARCH)
+    with pytest.raises(AssertionError, match=f"rejected {case.rule} at T = {case.T}"):
+        reproduce.main(["rejects", "--case", repr(case)])
