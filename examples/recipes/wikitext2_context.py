@@ -87,8 +87,8 @@ def main(argv=None):
     parser.add_argument("--positions", type=int, default=3072, help="the original's blocks and positions")
     parser.add_argument("--cutoffs", default="2000,6000", help="the original's adaptive input and softmax cutoffs "
                                                                "(WikiText-2's training text has 13,780 types)")
-    parser.add_argument("--original-updates", type=int, default=500)
-    parser.add_argument("--finetune-updates", type=int, default=200)
+    parser.add_argument("--original-updates", type=int, default=150)
+    parser.add_argument("--finetune-updates", type=int, default=100)
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 3072, 4096, 8192, 16384])
     parser.add_argument("--segment", type=int, default=512)
     parser.add_argument("--stride", type=int, default=512)
