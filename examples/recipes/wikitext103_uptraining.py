@@ -110,16 +110,7 @@ def evaluate(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    steps = parser.add_subparsers(dest="step", required=True)
-    prep = steps.add_parser("prepare", help="WikiText-103 binarised with the published model's dictionary")
-    cli.add_source_arguments(prep)
-    prep.add_argument("--pretrained", default=PUBLISHED, help=f"the model (default {PUBLISHED}): a name of fairseq's "
-                                                               "hub, a URL, an archive or a folder")
-    conv = steps.add_parser("convert", help="uptrain --pretrained with attention transfer on the prepared data")
-    conv.add_argument("--data", required=True)
-    conv.add_argument("--row", required=True, choices=rows.WIKITEXT103_UPTRAINING)
-    conv.add_argument("--out", required=True, help="the converted model's folder")
-    conv.add_argument("--attention-transfer-steps", type=int, default=ATTENTION_TRANSFER_STEPS)
+    steps = cli.add_uptraining_steps(parser, PUBLISHED, rows.WIKITEXT103_UPTRAINING, ATTENTION_TRANSFER_STEPS, "WikiText-103")
     tune = steps.add_parser("finetune", help="fairseq-train on fwp_stream_lm, the fast weights carried")
     tune.add_argument("--data", required=True)
     tune.add_argument("--model", required=True, help="convert's --out")

@@ -124,16 +124,7 @@ def evaluate(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    steps = parser.add_subparsers(dest="step", required=True)
-    prep = steps.add_parser("prepare", help="the training data, binarised with the published model's dictionary")
-    cli.add_source_arguments(prep)
-    prep.add_argument("--pretrained", default=PUBLISHED, help=f"the archive (default {PUBLISHED}): a name of fairseq's "
-                                                               "hub, a URL, an archive or a folder")
-    conv = steps.add_parser("convert", help="uptrain --pretrained with attention transfer on the prepared data")
-    conv.add_argument("--data", required=True)
-    conv.add_argument("--row", required=True, choices=WMT16_ROWS)
-    conv.add_argument("--out", required=True, help="the converted model's folder")
-    conv.add_argument("--attention-transfer-steps", type=int, default=ATTENTION_TRANSFER_STEPS)
+    steps = cli.add_uptraining_steps(parser, PUBLISHED, WMT16_ROWS, ATTENTION_TRANSFER_STEPS, "the training data")
     tune = steps.add_parser("finetune", help="fairseq-train with the published model as the teacher")
     tune.add_argument("--data", required=True)
     tune.add_argument("--row", required=True, choices=WMT16_ROWS)
