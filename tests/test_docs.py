@@ -84,6 +84,41 @@ def test_the_path_check_finds_a_missing_file(tmp_path):
         test_every_path_and_module_a_doc_names_exists(str(doc))
 
 
+ANCHORED_LINK = re.compile(r"\]\(([^)#:\s]*\.md)?#([^)\s]+)\)")  # [text](page.md#heading) or [text](#heading)
+FENCED = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def heading_anchors(text):
+    """The anchors a markdown renderer (GitHub's) gives the page's headings: lowercase, punctuation but
+    hyphens and underscores dropped, spaces as hyphens, a repeated one numbered."""
+    anchors = []
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", FENCED.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = sum(1 for a in anchors if a == slug or re.fullmatch(rf"{re.escape(slug)}-\d+", a))
+        anchors.append(f"{slug}-{count}" if count else slug)
+    return set(anchors)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_link_to_a_heading_finds_it(doc):
+    broken = []
+    for page, anchor in ANCHORED_LINK.findall(FENCED.sub("", read(doc))):
+        target = os.path.normpath(os.path.join(os.path.dirname(doc), page)) if page else doc
+        if os.path.exists(target) and anchor not in heading_anchors(read(target)):
+            broken.append(f"{page}#{anchor}")
+    assert not broken, f"{os.path.relpath(doc, ROOT)} links to headings that do not exist: {broken}"
+
+
+def test_the_heading_check_finds_a_missing_heading(tmp_path):
+    (tmp_path / "page.md").write_text("# Results: the table\n## Results: the table\n```\n# not a heading\n```\n")
+    doc = tmp_path / "x.md"
+    doc.write_text("[a](page.md#results-the-table) [b](page.md#results-the-table-1) [c](#here)\n## Here\n")
+    test_every_link_to_a_heading_finds_it(str(doc))
+    doc.write_text("[a](page.md#not-a-heading)")
+    with pytest.raises(AssertionError, match="page.md#not-a-heading"):
+        test_every_link_to_a_heading_finds_it(str(doc))
+
+
 def commands_in(text, program):
     """The `program` command lines of a markdown text's bash blocks (continuations joined, `...` and
     comments left out), as argument lists."""
