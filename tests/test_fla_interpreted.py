@@ -159,11 +159,14 @@ def test_mixed_dtypes_are_computed_in_float32(rule):
 
 @pytest.mark.parametrize("rule", ["gated-sum", "gated-delta"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("pattern", ["one zero", "zeros in a row", "subnormal"])
+# (a lone zero: "subnormal" has one, after a subnormal decay, and each row of zeros starts as one; the
+# property harness draws lone zeros on fla in float32 too)
+@pytest.mark.parametrize("pattern", ["zeros in a row", "subnormal"])
 @pytest.mark.parametrize("given", ["decay", "log_decay"])
 def test_full_forgets(rule, dtype, pattern, given):
-    """Decays of exactly zero (fla gets a finite g whose exp is 0), in a row, and below float32's
-    smallest normal: against the step-by-step loops in float64, every gradient where the kernel has one."""
+    """Decays of exactly zero (fla gets a finite g whose exp is 0), in rows across chunk borders, alone and
+    below float32's smallest normal: against the step-by-step loops in float64, every gradient where the
+    kernel has one."""
     base = rule.removeprefix("gated-")
     trains = not (base == "delta" and dtype == torch.float32)  # fla's recurrent gated delta rule: no backward
     inputs, _ = inputs_for(rule, (1, 2, 70, 16, 8), dtype, True)

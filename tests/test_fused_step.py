@@ -108,6 +108,7 @@ PHASE_RULES = [("sum", []), ("delta", ["--fwp-attn-norm", "on"]), ("gated-delta"
                ("delta", ["--fwp-householder-steps", "2"])]
 
 
+@pytest.mark.slow  # the tests' own C++ build (test_build): about 25 s of one core on a fresh machine
 @pytest.mark.parametrize("rule, rule_flags", PHASE_RULES)
 @pytest.mark.parametrize("feature_map, map_flags", MAPS)
 def test_each_phase_of_the_step_has_independent_items(feature_map, map_flags, rule, rule_flags, fused_calls,
@@ -121,6 +122,7 @@ def test_each_phase_of_the_step_has_independent_items(feature_map, map_flags, ru
     assert set(fused_calls.values()) == {20}
 
 
+@pytest.mark.slow  # the tests' own C++ build
 @pytest.mark.parametrize("feature_map, flags", MAPS)
 def test_each_phase_of_the_read_has_independent_items(feature_map, flags, fused_reads, test_build, monkeypatch):
     """Sources of 5 to 9 tokens: memories held as their factors."""

@@ -33,6 +33,7 @@ def test_a_row_past_its_time_limit_is_stopped_there():
                        256: {"stopped": "stopped at its time limit (10 s)"}}
 
 
+@pytest.mark.slow  # a new process
 def test_a_child_runs_each_length_and_profiles_a_step():
     results = list(train_step.run_in_child("linear-delta", "tiny", [32, 64], 1, "cpu", limit=120, profile_ops=3))
     assert [length for length, _ in results] == [32, 64]
