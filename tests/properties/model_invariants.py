@@ -180,32 +180,34 @@ def causal_layers(model):
     return [m for m in model.decoder.modules() if isinstance(m, FastWeightAttention) and m.causal]
 
 
-@runs_here
-def a_prompt_in_one_call_then_single_tokens_equals_the_full_forward(combination, seed, prompt):
+def causal_layers_on_one_input(combination, seed, length):
+    """(index, layer, x, the layer's full forward of x) for each causal fast-weight layer of the combination's
+    model, x ``[length, 2, embed_dim]`` drawn from `seed`; under no_grad."""
     model, _ = build(combination)
-    x = torch.randn(8, 2, model.decoder.embed_dim, generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(length, 2, model.decoder.embed_dim, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         for index, layer in enumerate(causal_layers(model)):
-            full = layer(x, None, None)[0]
-            state = {}
-            first = layer(x[:prompt], None, None, incremental_state=state)[0]
-            rest = [layer(x[t:t + 1], None, None, incremental_state=state)[0] for t in range(prompt, len(x))]
-            close(torch.cat([first, *rest]), full, f"layer {index}, a prompt of {prompt}")
+            yield index, layer, x, layer(x, None, None)[0]
+
+
+@runs_here
+def a_prompt_in_one_call_then_single_tokens_equals_the_full_forward(combination, seed, prompt):
+    for index, layer, x, full in causal_layers_on_one_input(combination, seed, 8):
+        state = {}
+        first = layer(x[:prompt], None, None, incremental_state=state)[0]
+        rest = [layer(x[t:t + 1], None, None, incremental_state=state)[0] for t in range(prompt, len(x))]
+        close(torch.cat([first, *rest]), full, f"layer {index}, a prompt of {prompt}")
 
 
 @runs_here
 def two_carried_segments_equal_one_long_one(combination, seed, cut):
-    model, _ = build(combination)
-    x = torch.randn(9, 2, model.decoder.embed_dim, generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        for index, layer in enumerate(causal_layers(model)):
-            full = layer(x, None, None)[0]
-            layer.enable_carry_over()
-            parts = []
-            for position, segment in enumerate((x[:cut], x[cut:])):
-                layer.start_segment(position, training=False)
-                parts.append(layer(segment, None, None)[0])
-            close(torch.cat(parts), full, f"layer {index}, segments cut at {cut}")
+    for index, layer, x, full in causal_layers_on_one_input(combination, seed, 9):
+        layer.enable_carry_over()
+        parts = []
+        for position, segment in enumerate((x[:cut], x[cut:])):
+            layer.start_segment(position, training=False)
+            parts.append(layer(segment, None, None)[0])
+        close(torch.cat(parts), full, f"layer {index}, segments cut at {cut}")
 
 
 @runs_here
