@@ -200,7 +200,7 @@ def _patch_finetuning_to_compare_models():
             last = os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
             if cfg.finetune_from_model and cfg.restore_file == "checkpoint_last.pt" and not os.path.exists(last) \
                     and os.path.exists(cfg.finetune_from_model):
-                from .uptrain import model_differences
+                from .uptraining.differences import model_differences
 
                 saved = checkpoint_utils.load_checkpoint_to_cpu(cfg.finetune_from_model)["cfg"]["model"]
                 differences = model_differences(saved, trainer.cfg.model)

@@ -1,18 +1,18 @@
-"""Attention transfer (fairseq_fwp/attention_transfer.py): fast-weight attentions trained on softmax ones."""
+"""Attention transfer (fairseq_fwp/uptraining/attention_transfer.py): fast-weight attentions trained on softmax ones."""
 import pytest
 import torch
 
 pytest.importorskip("fairseq")
 
 from helpers import build_lm_model, build_translation_model, random_tokens  # noqa: E402
-from fairseq_fwp.attention_transfer import AttentionTransfer, query_padding, relative_error  # noqa: E402
-from fairseq_fwp.uptrain import transfer  # noqa: E402
+from fairseq_fwp.uptraining.attention_transfer import AttentionTransfer, query_padding, relative_error  # noqa: E402
+from fairseq_fwp.uptraining.conversion import transfer  # noqa: E402
 
 DPFP_DELTA = ["--fwp-feature-map", "dpfp", "--fwp-dpfp-nu", "2", "--fwp-update-rule", "delta"]
 
 
 def converted_pair(build, *flags):
-    """A softmax model and a fast-weight model holding its shared parameters, as uptrain.convert makes them."""
+    """A softmax model and a fast-weight model holding its shared parameters, as conversion.convert makes them."""
     teacher, d = build("--fwp-feature-map", "softmax", seed=0)
     student, _ = build(*flags, seed=1)
     state, _ = transfer(teacher.state_dict(), student.state_dict())

@@ -151,7 +151,7 @@ MESSAGES = [
     ("Cannot load model parameters from checkpoint", "fairseq/trainer.py"),
     ("this checkpoint is a translation model (fwp_transformer), which fairseq-eval-lm cannot ",
      "fairseq_fwp/models/fwp_transformer.py"),
-    ("the fast-weight model would compute differently from the softmax checkpoint beyond its ", "fairseq_fwp/uptrain.py"),
+    ("the fast-weight model would compute differently from the softmax checkpoint beyond its ", "fairseq_fwp/uptraining/conversion.py"),
     ("was saved from another model than ", "fairseq_fwp/compat.py"),
     ("--fwp-sum-norm is deprecated", "fairseq_fwp/models/fwp_config.py"),
 ]

@@ -275,13 +275,13 @@ except ValueError as err:
 def test_a_checkpoint_of_a_user_dirs_architecture_names_what_is_missing(tmp_path):
     """A checkpoint of examples/extend's architecture, loaded without its --user-dir."""
     from examples.recipes.published_layouts import write_archive
-    from fairseq_fwp import uptrain
+    from fairseq_fwp.uptraining.published_model import convert_pretrained
 
     write_archive(str(tmp_path / "softmax"), "transformer", "args", [
         "--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 32, "--decoder-embed-dim", 32,
         "--encoder-attention-heads", 2, "--decoder-attention-heads", 2, "--share-all-embeddings"])
     user_dir = os.path.join(ROOT, "examples", "extend")
-    uptrain.convert_pretrained(str(tmp_path / "softmax"), str(tmp_path / "extend"), [])
+    convert_pretrained(str(tmp_path / "softmax"), str(tmp_path / "extend"), [])
     checkpoint = torch.load(tmp_path / "extend" / "model.pt", weights_only=False)
     model = checkpoint["cfg"]["model"]  # as if trained with --user-dir examples/extend --arch ...
     model.arch, model.fwp_feature_map, model.fwp_update_rule = "fwp_transformer_hedgehog_longhorn", "hedgehog", "longhorn"

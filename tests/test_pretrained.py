@@ -90,14 +90,15 @@ def test_a_local_archive_or_folder_converts_as_the_url_does(archive, tmp_path, f
 
 
 def test_an_ensemble_is_refused_naming_its_single_model(tmp_path, monkeypatch):
-    from fairseq_fwp import pretrained
+    from fairseq_fwp.uptraining import published_archives
 
     for name in ("model1.pt", "model2.pt", "dict.en.txt"):
         (tmp_path / name).write_text("")
-    monkeypatch.setattr(pretrained, "hub", lambda: {"x.ensemble": {"path": str(tmp_path), "task": "translation"},
-                                                    "x.ensemble.single_model": {"path": "u", "task": "translation"}})
+    hub = {"x.ensemble": {"path": str(tmp_path), "task": "translation"},
+           "x.ensemble.single_model": {"path": "u", "task": "translation"}}
+    monkeypatch.setattr(published_archives, "hub", lambda: hub)
     with pytest.raises(ValueError, match=r"ensemble of 2 models \(model1.pt, model2.pt\).*--pretrained "
                                          r"x.ensemble.single_model instead"):
-        pretrained.fetch("x.ensemble")
+        published_archives.fetch("x.ensemble")
     with pytest.raises(FileNotFoundError, match="neither a model of fairseq's hub"):
-        pretrained.fetch(str(tmp_path / "missing.tar.gz"))
+        published_archives.fetch(str(tmp_path / "missing.tar.gz"))

@@ -16,9 +16,11 @@ pytest.importorskip("fairseq")
 
 import fairseq_fwp  # noqa: E402,F401  (the plugin's models, and torch.load of fairseq's checkpoints)
 from examples.recipes.published_layouts import write_archive  # noqa: E402
-from fairseq_fwp import uptrain  # noqa: E402
 from fairseq_fwp.models.fwp_transformer import FastWeightTransformerModel  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
+from fairseq_fwp.uptraining import cli  # noqa: E402
+from fairseq_fwp.uptraining.conversion import convert  # noqa: E402
+from fairseq_fwp.uptraining.published_model import convert_pretrained  # noqa: E402
 
 TINY = ["--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", 32, "--decoder-embed-dim", 32,
         "--encoder-ffn-embed-dim", 64, "--decoder-ffn-embed-dim", 64, "--encoder-attention-heads", 4,
@@ -64,7 +66,7 @@ def fast_weight_attentions(model):
 @pytest.mark.parametrize("layout, shared", VARIANTS)
 def test_a_published_layout_converts_into_the_fast_weight_model(archives, tmp_path, layout, shared):
     folder = archives[layout, shared]
-    uptrain.convert_pretrained(str(folder), str(tmp_path / "dpfp"), DPFP_SUM)
+    convert_pretrained(str(folder), str(tmp_path / "dpfp"), DPFP_SUM)
     converted = load(tmp_path / "dpfp" / "model.pt", tmp_path / "dpfp")
     assert isinstance(converted, FastWeightTransformerModel)
     assert fast_weight_attentions(converted) == 2 + 2 * 2  # every attention of 2 + 2 layers
@@ -75,7 +77,7 @@ def test_a_published_layout_converts_into_the_fast_weight_model(archives, tmp_pa
 def test_a_published_layout_converted_with_softmax_attention_computes_as_the_original(archives, tmp_path, layout,
                                                                                        shared):
     folder = archives[layout, shared]
-    uptrain.convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
+    convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
     converted = load(tmp_path / "softmax" / "model.pt", tmp_path / "softmax")
     assert isinstance(converted, FastWeightTransformerModel)
     torch.testing.assert_close(outputs(converted), outputs(load(folder / "model.pt", folder)), rtol=1e-5, atol=1e-5)
@@ -85,7 +87,7 @@ def test_a_published_layout_converted_with_softmax_attention_computes_as_the_ori
 def test_a_legacy_softmax_checkpoint_converts_into_the_fast_weight_model(archives, tmp_path, layout, shared):
     folder = archives[layout, shared]
     out = tmp_path / "converted.pt"
-    uptrain.convert(str(folder / "model.pt"), str(out), [
+    convert(str(folder / "model.pt"), str(out), [
         str(folder), "--user-dir", fairseq_fwp.__path__[0], "--task", "translation", "--source-lang", "en",
         "--target-lang", "de", "--arch", "fwp_transformer_wmt_en_de_big", *map(str, TINY), *DPFP_SUM]
         + (["--share-all-embeddings"] if shared else []))
@@ -100,18 +102,18 @@ def tiny_archive(folder, *flags, **options):
 
 def test_the_row_flags_are_checked_against_the_checkpoints_own_model(tmp_path):
     folder = tiny_archive(tmp_path / "deep", "--encoder-layers", 8, "--decoder-layers", 8, "--share-all-embeddings")
-    uptrain.convert_pretrained(str(folder), str(tmp_path / "hybrid"), ["--fwp-softmax-layers", "7"])
+    convert_pretrained(str(folder), str(tmp_path / "hybrid"), ["--fwp-softmax-layers", "7"])
     converted = load(tmp_path / "hybrid" / "model.pt", tmp_path / "hybrid")
     assert fast_weight_attentions(converted) == 3 * 8 - 3  # layer 7's three attentions stay softmax
     with pytest.raises(ValueError, match="layer 8 does not exist.*8 encoder layers"):
-        uptrain.convert_pretrained(str(folder), str(tmp_path / "bad"), ["--fwp-softmax-layers", "8"])
+        convert_pretrained(str(folder), str(tmp_path / "bad"), ["--fwp-softmax-layers", "8"])
     assert sorted(os.listdir(tmp_path)) == ["deep", "hybrid"]  # no --out folder, no part of a model beside it
 
 
 def test_only_the_flags_uptrain_uses_are_taken_after_the_separator(archives, tmp_path):
     with pytest.raises(ValueError, match=r"--encoder-layers after --: --pretrained takes the model's own options "
                                          r"from its checkpoint"):
-        uptrain.convert_pretrained(str(archives["args", True]), str(tmp_path / "x"), ["--encoder-layers", "3"])
+        convert_pretrained(str(archives["args", True]), str(tmp_path / "x"), ["--encoder-layers", "3"])
 
 
 @pytest.mark.parametrize("name, target_words, given, expected", [
@@ -122,7 +124,7 @@ def test_only_the_flags_uptrain_uses_are_taken_after_the_separator(archives, tmp
 def test_a_checkpoint_without_its_language_pair_takes_it_from_the_archive_or_the_flags(tmp_path, name, target_words,
                                                                                        given, expected):
     folder = tiny_archive(tmp_path / name, record_languages=False, target_words=target_words)
-    _, model_args = uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), ["--fwp-feature-map", "dpfp"] + given)
+    _, model_args = convert_pretrained(str(folder), str(tmp_path / "out"), ["--fwp-feature-map", "dpfp"] + given)
     assert (model_args[model_args.index("--source-lang") + 1], model_args[model_args.index("--target-lang") + 1]) == \
         expected
 
@@ -131,10 +133,10 @@ def test_a_language_pair_that_nothing_tells_is_asked_for(tmp_path):
     folder = tiny_archive(tmp_path / "model", record_languages=False)
     with pytest.raises(ValueError, match=r"does not say its language pair .*\(dict\.de\.txt, dict\.en\.txt\) do not "
                                          r"tell which is which: give --source-lang and --target-lang after --"):
-        uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), ["--fwp-feature-map", "dpfp"])
+        convert_pretrained(str(folder), str(tmp_path / "out"), ["--fwp-feature-map", "dpfp"])
     folder = tiny_archive(tmp_path / "recorded")
     with pytest.raises(ValueError, match="--source-lang fr after --, but .* was trained with en as its source"):
-        uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), ["--source-lang", "fr"])
+        convert_pretrained(str(folder), str(tmp_path / "out"), ["--source-lang", "fr"])
 
 
 def test_a_translation_model_whose_task_says_language_modeling_is_refused_as_no_language_model(tmp_path):
@@ -146,7 +148,7 @@ def test_a_translation_model_whose_task_says_language_modeling_is_refused_as_no_
                                          r"transformer_vaswani_wmt_en_de_big \(fairseq's TransformerModel\), is no "
                                          r"language model: --pretrained converts a language_modeling checkpoint of "
                                          r"TransformerLanguageModel \(arch transformer_lm, "):
-        uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), [])
+        convert_pretrained(str(folder), str(tmp_path / "out"), [])
     assert sorted(os.listdir(tmp_path)) == ["lm"]
 
 
@@ -160,9 +162,9 @@ def test_a_checkpoint_without_a_config_is_named_with_what_it_lacks(tmp_path, con
     torch.save(checkpoint, folder / "model.pt")
     lacks = rf"{re.escape(str(folder / 'model.pt'))} holds no model configuration \(neither `args` nor `cfg`\)"
     with pytest.raises(ValueError, match=lacks):
-        uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), DPFP_SUM)
+        convert_pretrained(str(folder), str(tmp_path / "out"), DPFP_SUM)
     with pytest.raises(ValueError, match=lacks):
-        uptrain.convert(str(folder / "model.pt"), str(tmp_path / "x.pt"), [
+        convert(str(folder / "model.pt"), str(tmp_path / "x.pt"), [
             str(folder), "--task", "translation", "-s", "en", "-t", "de", "--arch", "transformer", *map(str, TINY)])
     assert sorted(os.listdir(tmp_path)) == ["model"]
 
@@ -170,8 +172,8 @@ def test_a_checkpoint_without_a_config_is_named_with_what_it_lacks(tmp_path, con
 def test_an_archive_without_bpe_codes_says_what_it_holds_and_lacks(tmp_path, caplog):
     folder = tiny_archive(tmp_path / "model")
     os.remove(folder / "bpecodes")
-    with caplog.at_level("INFO", logger="fairseq_fwp.uptrain"):
-        uptrain.main(["--pretrained", str(folder), "--out", str(tmp_path / "out"), "--", *DPFP_SUM])
+    with caplog.at_level("INFO", logger="fairseq_fwp.uptraining"):
+        cli.main(["--pretrained", str(folder), "--out", str(tmp_path / "out"), "--", *DPFP_SUM])
     assert (f"{folder} holds no BPE codes (bpecodes, code or sentencepiece.bpe.model), only dict.de.txt, dict.en.txt, "
             "model.pt") in caplog.text
     assert f"wrote {tmp_path / 'out'}/: dict.de.txt, dict.en.txt, model.args, model.pt" in caplog.text
@@ -182,7 +184,7 @@ def test_an_archive_without_bpe_codes_says_what_it_holds_and_lacks(tmp_path, cap
 def test_the_printed_finetune_command_gives_each_argument_whole(tmp_path, monkeypatch, caplog):
     """Paths with spaces (the plugin's, --out's, --data's) reach fairseq-train as one argument each when the
     printed command runs in bash (here fairseq-train is a function that lists its arguments)."""
-    from fairseq_fwp import published_model
+    from fairseq_fwp.uptraining import published_model
 
     plugin = tmp_path / "my plugins" / "fairseq_fwp"
     plugin.parent.mkdir()
@@ -190,8 +192,8 @@ def test_the_printed_finetune_command_gives_each_argument_whole(tmp_path, monkey
     monkeypatch.setattr(published_model, "PLUGIN_DIR", str(plugin))
     monkeypatch.setattr(fairseq_fwp, "__path__", [*fairseq_fwp.__path__, str(plugin)])  # fairseq's --user-dir check
     data, out = tiny_archive(tmp_path / "my data"), tmp_path / "my models" / "dpfp"  # the archive's dictionaries
-    with caplog.at_level("INFO", logger="fairseq_fwp.uptrain"):
-        uptrain.main(["--pretrained", str(data), "--out", str(out), "--data", str(data), "--", *DPFP_SUM])
+    with caplog.at_level("INFO", logger="fairseq_fwp.uptraining"):
+        cli.main(["--pretrained", str(data), "--out", str(out), "--data", str(data), "--", *DPFP_SUM])
     command = caplog.text.split("next, finetune it")[1].split(":\n  ", 1)[1].splitlines()[0]
     listed = subprocess.run(["bash", "-c", 'fairseq-train() { printf "%s\\0" "$@"; }; ' + command],
                             capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
@@ -208,7 +210,7 @@ def served(archives, tmp_path, monkeypatch):
     from fairseq import file_utils
 
     from examples.recipes.published_layouts import pack
-    from fairseq_fwp import pretrained
+    from fairseq_fwp.uptraining import published_archives
     from helpers import serving
 
     root = tmp_path / "www"
@@ -216,13 +218,13 @@ def served(archives, tmp_path, monkeypatch):
     whole = pack(archives["args", True], root / "model.tar.bz2", top="wmt-standin.en-de").read_bytes()
     (root / "truncated.tar.bz2").write_bytes(whole[:len(whole) // 2])  # its start reads; it ends early
     monkeypatch.setattr(file_utils, "PYTORCH_FAIRSEQ_CACHE", str(tmp_path / "fairseq-cache"))
-    monkeypatch.setattr(pretrained, "CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(published_archives, "CACHE", str(tmp_path / "cache"))
     with serving(root) as url:
         yield {"url": url, "root": root, "cache": tmp_path / "cache", "fairseq cache": tmp_path / "fairseq-cache"}
 
 
 def converts(source, out):
-    uptrain.main(["--pretrained", str(source), "--out", str(out), "--", *DPFP_SUM])
+    cli.main(["--pretrained", str(source), "--out", str(out), "--", *DPFP_SUM])
     return isinstance(load(out / "model.pt", out), FastWeightTransformerModel)
 
 

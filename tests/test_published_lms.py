@@ -15,10 +15,12 @@ pytest.importorskip("fairseq")
 import fairseq_fwp  # noqa: E402,F401  (the plugin's models, and torch.load of fairseq's checkpoints)
 from examples.recipes import rows  # noqa: E402
 from examples.recipes.published_layouts import LM_LAYOUTS, pack, write_lm_archive  # noqa: E402
-from fairseq_fwp import pretrained, uptrain  # noqa: E402
 from fairseq_fwp.models.fwp_transformer_lm import FastWeightTransformerLanguageModel  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
-from fairseq_fwp.uptrain import NOT_PARAMETERS  # noqa: E402
+from fairseq_fwp.uptraining import cli, published_archives  # noqa: E402
+from fairseq_fwp.uptraining.conversion import NOT_PARAMETERS  # noqa: E402
+from fairseq_fwp.uptraining.finetuning import finetune_command  # noqa: E402
+from fairseq_fwp.uptraining.published_model import convert_pretrained  # noqa: E402
 from helpers import serving  # noqa: E402
 
 # transformer_lm_wiki103 (16 layers of 1024, 8 heads, adaptive input and softmax with cutoffs 20000,60000,
@@ -62,7 +64,7 @@ def converted_layers(model):
 def test_each_row_converts_carrying_every_weight_of_the_original(archives, tmp_path, layout, row):
     folder = archives[layout]
     out = tmp_path / row
-    fresh, _ = uptrain.convert_pretrained(str(folder), str(out), rows.WIKITEXT103_UPTRAINING[row].flags_for())
+    fresh, _ = convert_pretrained(str(folder), str(out), rows.WIKITEXT103_UPTRAINING[row].flags_for())
     original, converted = load(folder / "model.pt", folder), load(out / "model.pt", out)
     assert isinstance(converted, FastWeightTransformerLanguageModel)
     assert all(isinstance(attention, FastWeightAttention) for attention in converted_layers(converted))
@@ -77,7 +79,7 @@ def test_each_row_converts_carrying_every_weight_of_the_original(archives, tmp_p
 @pytest.mark.parametrize("layout", LM_LAYOUTS)
 def test_converted_with_softmax_attention_it_computes_as_the_original(archives, tmp_path, layout):
     folder = archives[layout]
-    uptrain.convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
+    convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
     converted = load(tmp_path / "softmax" / "model.pt", tmp_path / "softmax")
     assert isinstance(converted, FastWeightTransformerLanguageModel)
     torch.testing.assert_close(outputs(converted), outputs(load(folder / "model.pt", folder)), rtol=1e-5, atol=1e-5)
@@ -93,7 +95,7 @@ def test_an_option_the_checkpoint_lacks_takes_the_value_the_originals_architectu
     del checkpoint["args"].decoder_normalize_before
     torch.save(checkpoint, folder / "model.pt")
     (folder / "dict.txt").write_bytes((archives["args"] / "dict.txt").read_bytes())
-    _, model_args = uptrain.convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
+    _, model_args = convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
     assert "--decoder-normalize-before" in model_args
     converted = load(tmp_path / "softmax" / "model.pt", tmp_path / "softmax")
     torch.testing.assert_close(outputs(converted), outputs(load(folder / "model.pt", folder)), rtol=1e-5, atol=1e-5)
@@ -109,12 +111,11 @@ def test_a_checkpoint_of_another_task_is_refused_naming_it(archives, tmp_path):
     with pytest.raises(ValueError, match=r"masked/model\.pt is the checkpoint of a masked_lm model \(its task\): "
                                          r"--pretrained converts translation models \(translation\) and language "
                                          r"models \(language_modeling\)"):
-        uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), [])
+        convert_pretrained(str(folder), str(tmp_path / "out"), [])
 
 
 def test_the_twin_keeps_the_originals_adaptive_input_softmax_positions_and_blocks(archives, tmp_path):
-    _, model_args = uptrain.convert_pretrained(str(archives["args"]), str(tmp_path / "delta"),
-                                               ["--fwp-update-rule", "delta"])
+    _, model_args = convert_pretrained(str(archives["args"]), str(tmp_path / "delta"), ["--fwp-update-rule", "delta"])
     text = " ".join(model_args)
     for flags in ("--task language_modeling --tokens-per-sample 64 --max-target-positions 64",
                   "--arch fwp_transformer_lm",
@@ -131,11 +132,11 @@ def test_the_row_flags_are_checked_against_the_originals_own_model(archives, tmp
     folder = str(archives["args"])
     with pytest.raises(ValueError, match=r"--fwp-softmax-layers 2: layer 2 does not exist \(the model has 2 decoder "
                                          r"layers, counted from 0\)"):
-        uptrain.convert_pretrained(folder, str(tmp_path / "x"), ["--fwp-softmax-layers", "2"])
+        convert_pretrained(folder, str(tmp_path / "x"), ["--fwp-softmax-layers", "2"])
     with pytest.raises(ValueError, match="(?s)would compute differently .*no_token_positional_embeddings: "
                                          "softmax False, fast-weight True"):
-        uptrain.convert_pretrained(folder, str(tmp_path / "x"), ["--fwp-positions", "off"])
-    uptrain.convert_pretrained(folder, str(tmp_path / "hybrid"), ["--fwp-softmax-layers", "1"])
+        convert_pretrained(folder, str(tmp_path / "x"), ["--fwp-positions", "off"])
+    convert_pretrained(folder, str(tmp_path / "hybrid"), ["--fwp-softmax-layers", "1"])
     hybrid = load(tmp_path / "hybrid" / "model.pt", tmp_path / "hybrid")
     assert [isinstance(a, FastWeightAttention) for a in converted_layers(hybrid)] == [True, False]
     assert sorted(os.listdir(tmp_path)) == ["hybrid"]  # no folder, nor part of one, for a refused conversion
@@ -147,7 +148,7 @@ def test_only_the_flags_uptrain_uses_are_taken_after_the_separator(archives, tmp
     with pytest.raises(ValueError, match=rf"{refused} after --: --pretrained takes the model's own options from its "
                                          r"checkpoint; after -- it uses only --fwp-\* flags and --max-tokens, "
                                          r"--batch-size, --tokens-per-sample"):
-        uptrain.convert_pretrained(str(archives["args"]), str(tmp_path / "x"), flags)
+        convert_pretrained(str(archives["args"]), str(tmp_path / "x"), flags)
 
 
 def test_an_archive_without_its_dictionary_is_refused_naming_what_it_holds(archives, tmp_path):
@@ -156,7 +157,7 @@ def test_an_archive_without_its_dictionary_is_refused_naming_what_it_holds(archi
     (folder / "model.pt").write_bytes((archives["args"] / "model.pt").read_bytes())
     with pytest.raises(FileNotFoundError, match=r"no-dict holds no dict\.txt, the dictionary its model was trained "
                                                 r"with, only model\.pt"):
-        uptrain.convert_pretrained(str(folder), str(tmp_path / "out"), [])
+        convert_pretrained(str(folder), str(tmp_path / "out"), [])
     assert sorted(os.listdir(tmp_path)) == ["no-dict"]
 
 
@@ -166,7 +167,7 @@ def test_an_ensemble_of_language_models_is_refused(archives, tmp_path):
     (tmp_path / "dict.txt").write_bytes((archives["args"] / "dict.txt").read_bytes())
     with pytest.raises(SystemExit, match=r"is an ensemble of 2 models \(model1\.pt, model2\.pt\), which a single "
                                          r"fast-weight model cannot replace; convert one model's own archive instead"):
-        uptrain.main(["--pretrained", str(tmp_path), "--out", str(tmp_path / "out"), "--"])
+        cli.main(["--pretrained", str(tmp_path), "--out", str(tmp_path / "out"), "--"])
 
 
 def test_a_character_language_model_converts_and_computes_as_the_original(tmp_path):
@@ -177,7 +178,7 @@ def test_a_character_language_model_converts_and_computes_as_the_original(tmp_pa
         "--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64, "--decoder-attention-heads",
         4, "--character-embeddings", "--character-filters", "[(1, 8), (2, 8)]", "--character-embedding-dim", 4,
         "--char-embedder-highway-layers", 1, "--tokens-per-sample", 64, "--dropout", 0])
-    uptrain.convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
+    convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
     converted = load(tmp_path / "softmax" / "model.pt", tmp_path / "softmax")
     assert "--character-embeddings" in (tmp_path / "softmax" / "model.args").read_text()
     torch.testing.assert_close(outputs(converted), outputs(load(folder / "model.pt", folder)), rtol=1e-5, atol=1e-5)
@@ -199,7 +200,7 @@ def served(archives, tmp_path, monkeypatch):
     whole = pack(archives["args"], root / "adaptive_lm_wiki103.v2.tar.bz2", top="adaptive_lm_wiki103.v2").read_bytes()
     (root / "truncated.tar.bz2").write_bytes(whole[:len(whole) // 2])
     monkeypatch.setattr(file_utils, "PYTORCH_FAIRSEQ_CACHE", str(tmp_path / "fairseq-cache"))
-    monkeypatch.setattr(pretrained, "CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(published_archives, "CACHE", str(tmp_path / "cache"))
     with serving(root) as url:
         hub = {"transformer_lm.wiki103.adaptive": f"{url}/adaptive_lm_wiki103.v2.tar.bz2",
                "transformer_lm.wiki103.truncated": f"{url}/truncated.tar.bz2"}
@@ -208,7 +209,7 @@ def served(archives, tmp_path, monkeypatch):
 
 
 def converts(source, out):
-    uptrain.main(["--pretrained", str(source), "--out", str(out), "--", "--fwp-update-rule", "delta"])
+    cli.main(["--pretrained", str(source), "--out", str(out), "--", "--fwp-update-rule", "delta"])
     return isinstance(load(out / "model.pt", out), FastWeightTransformerLanguageModel)
 
 
@@ -219,14 +220,14 @@ def test_every_route_of_pretrained_converts_a_language_model(served, archives, t
     assert converts(served["root"] / "adaptive_lm_wiki103.v2.tar.bz2", tmp_path / "archive")
     assert converts(archives["args"], tmp_path / "folder")
     for mirror in (served["url"], str(served["root"])):  # the hub's archive, by its file name, from a mirror
-        monkeypatch.setenv(pretrained.MIRROR, mirror)
+        monkeypatch.setenv(published_archives.MIRROR, mirror)
         assert converts("transformer_lm.wiki103.adaptive", tmp_path / f"mirror-{len(mirror)}")
     assert sorted(os.listdir(tmp_path / "hub")) == ["dict.txt", "model.args", "model.pt"]
 
 
 def test_a_mirror_without_the_archive_is_named(served, tmp_path, monkeypatch):
-    monkeypatch.setenv(pretrained.MIRROR, str(tmp_path))
-    with pytest.raises(SystemExit, match=rf"--pretrained transformer_lm.wiki103.adaptive: {pretrained.MIRROR}="
+    monkeypatch.setenv(published_archives.MIRROR, str(tmp_path))
+    with pytest.raises(SystemExit, match=rf"--pretrained transformer_lm.wiki103.adaptive: {published_archives.MIRROR}="
                                          rf"{re.escape(str(tmp_path))} holds no adaptive_lm_wiki103\.v2\.tar\.bz2, the "
                                          r"archive of http://"):
         converts("transformer_lm.wiki103.adaptive", tmp_path / "out")
@@ -285,7 +286,7 @@ def test_the_wiki103_lm_converts_by_its_hub_name_scores_finetunes_with_carry_ove
     from helpers import ROOT
 
     out = tmp_path / "wiki103-delta"
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), **{pretrained.MIRROR: str(trained["mirror"])},
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), **{published_archives.MIRROR: str(trained["mirror"])},
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     converted = subprocess.run([sys.executable, "-m", "fairseq_fwp.uptrain", "--pretrained",
                                 "transformer_lm.wiki103.adaptive", "--out", out, "--data", trained["bin"], "--",
@@ -318,7 +319,7 @@ def test_the_long_context_protocols_are_fairseq_eval_lms(trained, tmp_path):
     from examples.recipes import long_context
     from examples.recipes.commands import PLUGIN_DIR, fairseq
 
-    uptrain.convert_pretrained(str(trained["folder"]), str(tmp_path / "delta"), ["--fwp-update-rule", "delta"])
+    convert_pretrained(str(trained["folder"]), str(tmp_path / "delta"), ["--fwp-update-rule", "delta"])
     original, converted = trained["folder"] / "model.pt", tmp_path / "delta" / "model.pt"
     long_context.main(["--data", str(trained["bin"]), "--model", f"original={original}", "--model",
                        f"converted={converted}", "--contexts", "64", "512", "--segment", "32", "--stride", "16",
@@ -373,11 +374,10 @@ def wmt19_mirror(tmp_path_factory, corpora):
 def test_a_wmt19_lm_converts_and_reads_text_through_from_pretrained(wmt19_mirror, tmp_path, monkeypatch, language):
     from fairseq.models.transformer_lm import TransformerLanguageModel
 
-    monkeypatch.setenv(pretrained.MIRROR, str(wmt19_mirror["mirror"]))
-    monkeypatch.setattr(pretrained, "CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(published_archives.MIRROR, str(wmt19_mirror["mirror"]))
+    monkeypatch.setattr(published_archives, "CACHE", str(tmp_path / "cache"))
     out = tmp_path / "delta"
-    _, model_args = uptrain.convert_pretrained(f"transformer_lm.wmt19.{language}", str(out),
-                                               ["--fwp-update-rule", "delta"])
+    _, model_args = convert_pretrained(f"transformer_lm.wmt19.{language}", str(out), ["--fwp-update-rule", "delta"])
     assert sorted(os.listdir(out)) == ["bpecodes", "dict.txt", "model.args", "model.pt"]
     assert "--tokenizer moses --bpe fastbpe" in " ".join(model_args)
     lm = TransformerLanguageModel.from_pretrained(str(out))  # moses and fastBPE from the converted checkpoint
@@ -398,11 +398,11 @@ def test_a_learned_position_lm_finetunes_on_segments_shorter_than_its_positions(
     import subprocess
     import sys
 
-    monkeypatch.setenv(pretrained.MIRROR, str(wmt19_mirror["mirror"]))
-    monkeypatch.setattr(pretrained, "CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(published_archives.MIRROR, str(wmt19_mirror["mirror"]))
+    monkeypatch.setattr(published_archives, "CACHE", str(tmp_path / "cache"))
     out = tmp_path / "delta"
-    _, model_args = uptrain.convert_pretrained("transformer_lm.wmt19.en", str(out), ["--fwp-update-rule", "delta"])
-    command = uptrain.finetune_command(str(out), str(wmt19_mirror["bin"]), model_args)
+    _, model_args = convert_pretrained("transformer_lm.wmt19.en", str(out), ["--fwp-update-rule", "delta"])
+    command = finetune_command(str(out), str(wmt19_mirror["bin"]), model_args)
     finetuned = subprocess.run(["bash", "-c", f"{command} --tokens-per-sample 16 --max-update 2 --num-workers 0"],
                                capture_output=True, text=True, cwd=tmp_path, env=dict(
                                    os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]))

@@ -1,4 +1,4 @@
-"""Uptraining (fairseq_fwp/uptrain.py): a softmax checkpoint converted into a fast-weight model."""
+"""Uptraining (fairseq_fwp/uptraining/conversion.py): a softmax checkpoint converted into a fast-weight model."""
 import re
 
 import pytest
@@ -7,7 +7,8 @@ import torch
 pytest.importorskip("fairseq")
 
 from examples.recipes.commands import PLUGIN_DIR, fairseq  # noqa: E402
-from fairseq_fwp.uptrain import convert, main, transfer  # noqa: E402
+from fairseq_fwp.uptraining.cli import main  # noqa: E402
+from fairseq_fwp.uptraining.conversion import convert, transfer  # noqa: E402
 from examples.recipes.pipeline import COMMON_TRAIN  # noqa: E402
 
 
@@ -78,7 +79,7 @@ def test_added_gates_and_convolutions_start_as_ungated(softmax_translation, tmp_
 def test_attention_transfer_before_saving_trains_the_attentions_only(softmax_translation, tmp_path, caplog):
     root = softmax_translation
     converted = tmp_path / "transferred.pt"
-    with caplog.at_level("INFO", logger="fairseq_fwp.attention_transfer"):
+    with caplog.at_level("INFO", logger="fairseq_fwp.uptraining"):
         convert(str(root / "softmax" / "checkpoint_last.pt"), str(converted),
                 [str(root / "bin"), "--user-dir", PLUGIN_DIR, *COMMON_TRAIN, *MT_MODEL, *DPFP_DELTA],
                 transfer_steps=3)
@@ -288,7 +289,7 @@ def test_deltaproducts_extra_writes_start_as_copies_with_beta_near_zero():
 def test_an_option_a_saved_config_lacks_counts_as_its_default():
     import argparse
 
-    from fairseq_fwp.uptrain import model_differences
+    from fairseq_fwp.uptraining.differences import model_differences
 
     built = argparse.Namespace(fwp_feature_map="dpfp", fwp_dpfp_nu=2, fwp_decoder_qk_norm="auto",
                                fwp_householder_steps=1, fwp_negative_eigenvalues="off")

@@ -28,9 +28,9 @@ from typing import Dict, Optional, Tuple
 
 @dataclasses.dataclass(frozen=True)
 class Uptraining:
-    """A row converted from the `source` row's best checkpoint (fairseq_fwp/uptrain.py) and finetuned for a
-    quarter of the source's budget, warming up over its first 100 updates (half of them, if fewer than
-    200). Steps of attention transfer come first and count against that quarter; with source_lr the peak
+    """A row converted from the `source` row's best checkpoint (fairseq_fwp/uptraining/conversion.py) and
+    finetuned for a quarter of the source's budget, warming up over its first 100 updates (half of them, if
+    fewer than 200). Steps of attention transfer come first and count against that quarter; with source_lr the peak
     learning rate is the one the source's training had reached; with a distillation weight w > 0 the source
     is also the finetuning's teacher (criterions/distillation.py)."""
 

@@ -33,7 +33,7 @@ import re
 import time
 import urllib.request
 
-from fairseq_fwp import uptrain
+from fairseq_fwp.uptraining import conversion
 from . import language_model, prepared, rows, text, translation
 from .pipeline import train_words_per_second
 from .commands import PLUGIN_DIR
@@ -123,14 +123,14 @@ def uptraining(out, row, save, train_argv, max_update):
     os.makedirs(save, exist_ok=True)
     converted = os.path.join(save, "converted.pt")
     start = time.time()
-    uptrain.convert(source, converted, train_argv + list(row.flags), up.transfer_steps)
+    conversion.convert(source, converted, train_argv + list(row.flags), up.transfer_steps)
     updates = max_update // 4 - up.transfer_steps
     warmup = min(UPTRAINING_WARMUP, updates // 2)
     budget = ["--max-update", str(updates), "--warmup-updates", str(warmup), "--finetune-from-model", converted]
     record = {"uptraining_updates": updates, "attention_transfer_steps": up.transfer_steps,
               "conversion_seconds": round(time.time() - start, 1)}
     if up.source_lr:
-        record["uptraining_lr"] = uptrain.final_learning_rate(source)
+        record["uptraining_lr"] = conversion.final_learning_rate(source)
         budget += ["--lr", repr(record["uptraining_lr"])]
     if up.distillation:
         record["distillation_weight"] = up.distillation

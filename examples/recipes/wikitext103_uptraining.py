@@ -20,7 +20,7 @@ Each step reads what the one before wrote:
   (rows.WIKITEXT103_UPTRAINING) and --attention-transfer-steps (default ATTENTION_TRANSFER_STEPS) on the
   prepared batches (blocks of the original's 3,072 tokens), into a model folder;
 - finetune: fairseq-train of that folder's model (its model.args) from its model.pt with the recipe uptrain
-  prints (uptrain.FINETUNE_RECIPES: fwp_stream_lm, 6 streams of 512-token segments, the fast weights carried
+  prints (finetuning.FINETUNE_RECIPES: fwp_stream_lm, 6 streams of 512-token segments, the fast weights carried
   across segments), FINETUNE_UPDATES updates of GLOBAL_STREAMS streams (through --update-freq);
 - evaluate: the test perplexity with the state carried through the split (fairseq-eval-lm --task fwp_stream_lm
   --batch-size 1); ``--original`` scores the published model as its paper did (blocks of 3,072 tokens, each
@@ -35,7 +35,8 @@ import shlex
 import subprocess
 import sys
 
-from fairseq_fwp import pretrained, uptrain
+from fairseq_fwp.uptraining import published_archives
+from fairseq_fwp.uptraining.finetuning import finetune_command
 
 from . import cli, language_model, rows, wikitext103
 from .commands import PLUGIN_DIR, fairseq
@@ -57,7 +58,7 @@ REFERENCES = {"published model (Baevski and Auli, 2019)": {"test": 18.7},
 def prepare(args):
     """WikiText-103 binarised with the published model's dictionary; DATA/model: where the model is."""
     splits = wikitext103.find_splits(cli.raw_folder(args, wikitext103.download))
-    model = pretrained.fetch(args.pretrained)
+    model = published_archives.fetch(args.pretrained)
     with preparing(args.out) as staging:
         if staging is None:
             print(f"{args.out}: prepared already", flush=True)
@@ -85,7 +86,7 @@ def convert(args):
 
 def finetune(args):
     model_args = shlex.split(open(os.path.join(args.model, "model.args")).read())  # the converted model's flags
-    command = shlex.split(uptrain.finetune_command(args.model, os.path.join(args.data, "bin"), model_args))
+    command = shlex.split(finetune_command(args.model, os.path.join(args.data, "bin"), model_args))
     streams = int(command[command.index("--batch-size") + 1])
     os.makedirs(args.save_dir, exist_ok=True)
     fairseq("train", *command[1:], "--max-update", args.updates, "--update-freq",

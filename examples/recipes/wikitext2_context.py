@@ -23,7 +23,8 @@ import argparse
 import os
 import shlex
 
-from fairseq_fwp import uptrain
+from fairseq_fwp.uptraining.finetuning import finetune_command
+from fairseq_fwp.uptraining.published_model import convert_pretrained
 
 from . import long_context, rows
 from .commands import fairseq
@@ -57,10 +58,9 @@ def fast_weight_models(args, data, source):
     """(the converted model finetuned, the same model trained from scratch): their last checkpoints."""
     converted = os.path.join(args.out, "converted")
     if not os.path.exists(os.path.join(converted, "model.pt")):
-        uptrain.convert_pretrained(os.path.dirname(source), converted,
-                                   rows.WIKITEXT103_UPTRAINING[args.row].flags_for())
+        convert_pretrained(os.path.dirname(source), converted, rows.WIKITEXT103_UPTRAINING[args.row].flags_for())
     model_args = shlex.split(open(os.path.join(converted, "model.args")).read())
-    command = shlex.split(uptrain.finetune_command(converted, data, model_args))[1:]
+    command = shlex.split(finetune_command(converted, data, model_args))[1:]
     checkpoints = {}
     for name, updates, flags in (("finetuned", args.finetune_updates, FINETUNE),
                                  ("scratch", args.original_updates + args.finetune_updates, SCRATCH)):

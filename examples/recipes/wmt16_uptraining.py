@@ -32,7 +32,7 @@ import sys
 import tarfile
 import urllib.request
 
-from fairseq_fwp import pretrained
+from fairseq_fwp.uptraining import published_archives
 
 from . import cli, text
 from .commands import PLUGIN_DIR, fairseq
@@ -60,7 +60,7 @@ GOOGLE_FILES = {"train": "train.tok.clean.bpe.32000", "valid": "newstest2013.tok
 def prepare(args):
     """Download and extract Google's data (or read --raw-dir), binarise it with the model's dictionary."""
     raw = cli.raw_folder(args, lambda folder: _download(folder))
-    model = pretrained.fetch(args.pretrained)
+    model = published_archives.fetch(args.pretrained)
     fairseq("preprocess", "--source-lang", "en", "--target-lang", "de",
             *[x for split, name in GOOGLE_FILES.items() for x in (f"--{split}pref", os.path.join(raw, name))],
             "--srcdict", os.path.join(model, "dict.en.txt"), "--tgtdict", os.path.join(model, "dict.de.txt"),

@@ -49,12 +49,15 @@ def train_command(corpus, out, row, checkout, save, updates, extra=(), max_token
 
 
 def convert_command(corpus, out, row, checkout, source, converted, updates, max_tokens):
-    """The checkout's own uptrain.convert of its softmax row into `row`, in a process of its own."""
+    """The checkout's own conversion of its softmax row into `row`, in a process of its own (a checkout before
+    the uptraining package holds it in fairseq_fwp/uptrain.py)."""
     spec = (rows.MULTI30K if corpus == "multi30k" else rows.WIKITEXT2)[row]
     argv = train_command(corpus, out, row, checkout, os.path.dirname(converted), updates, max_tokens=max_tokens)[1:]
     transfer = min(spec.uptraining.transfer_steps, TRANSFER_STEPS)
-    code = (f"import sys; sys.path.insert(0, {checkout!r}); from fairseq_fwp import uptrain; "
-            f"uptrain.convert({source!r}, {converted!r}, {argv!r}, {transfer})")
+    code = (f"import sys; sys.path.insert(0, {checkout!r})\n"
+            "try:\n    from fairseq_fwp.uptraining.conversion import convert\n"
+            "except ImportError:\n    from fairseq_fwp.uptrain import convert\n"
+            f"convert({source!r}, {converted!r}, {argv!r}, {transfer})")
     return [sys.executable, "-c", code]
 
 

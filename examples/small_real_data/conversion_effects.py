@@ -3,7 +3,7 @@
     .venv/bin/python examples/small_real_data/conversion_effects.py --out runs/multi30k
 
 Needs the Multi30k softmax row of that --out (python -m examples.recipes.small_real_data multi30k
---out runs/multi30k --rows softmax). Converts its best checkpoint (fairseq_fwp/uptrain.py) into the
+--out runs/multi30k --rows softmax). Converts its best checkpoint (fairseq_fwp/uptraining/conversion.py) into the
 DPFP-256 delta-rule model, and into the same model plus one added module each (a decay gate, an
 output gate, a short convolution of width 4) and all three, with the added modules started as ungated
 and as fresh (uptrain's --added-modules). Prints, for each, the relative change of the decoder's
@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fairseq_fwp import uptrain  # noqa: E402
+from fairseq_fwp.uptraining import conversion  # noqa: E402
 from examples.recipes import translation  # noqa: E402
 from examples.recipes.commands import PLUGIN_DIR  # noqa: E402
 from examples.recipes.small_real_data import (MULTI30K_GENERATE, MULTI30K_MODEL,  # noqa: E402
@@ -63,7 +63,7 @@ def main():
         """Converts into BASE + flags; with `like`, a checkpoint whose new parameters (beta's projection) the
         conversion takes over, so that only the added module differs from it."""
         path = os.path.join(work, f"{name.replace(' ', '-')}-{added_modules}.pt")
-        uptrain.convert(source, path, argv + BASE + flags, added_modules=added_modules)
+        conversion.convert(source, path, argv + BASE + flags, added_modules=added_modules)
         if like is not None:
             checkpoint, shared = torch.load(path, weights_only=False), torch.load(like, weights_only=False)["model"]
             checkpoint["model"].update({name: value for name, value in shared.items() if name in checkpoint["model"]})
@@ -77,7 +77,7 @@ def main():
     print("|---|---|---|---|")
     print(f"| nothing | | 0 | {plain_bleu:.1f} |")
     for name, flags in ADDED.items():
-        for added_modules in uptrain.ADDED_MODULES:
+        for added_modules in conversion.ADDED_MODULES:
             path, bleu = converted(name, flags, added_modules, like=plain)
             change = relative_change(valid_logits(path, data_bin), reference)
             print(f"| {name} | {added_modules} | {change:.3f} | {bleu:.1f} |", flush=True)

@@ -1,6 +1,6 @@
 """Criterion `fwp_distillation`: label-smoothed cross-entropy plus the divergence from a teacher's
 predictions (word-level knowledge distillation, Kim and Rush 2016), for uptraining a converted
-fast-weight model next to the softmax model it came from (fairseq_fwp/uptrain.py).
+fast-weight model next to the softmax model it came from (fairseq_fwp/uptraining/).
 
     loss = (1 - w) * label-smoothed cross-entropy + w * KL(p_teacher || p_student)
 

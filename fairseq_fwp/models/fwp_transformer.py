@@ -52,7 +52,7 @@ def stacks(args):
 @register_model_architecture("fwp_transformer", "fwp_transformer")
 def fwp_transformer(args):
     """fairseq's `transformer` (base_architecture): every option the model was given, the rest its defaults;
-    what a converted published model is saved as (uptrain.py --pretrained)."""
+    what a converted published model is saved as (uptraining/published_model.py)."""
     set_fwp_defaults(args, **MT_DEFAULTS)
     base_architecture(args)
     validate(args, stacks(args))

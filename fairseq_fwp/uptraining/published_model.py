@@ -1,6 +1,6 @@
 """What a published fairseq checkpoint is, and the fairseq-train flags that build its fast-weight twin.
 
-``--pretrained`` (uptrain.py) converts two kinds of fairseq's published models, told apart by the
+``--pretrained`` (convert_pretrained) converts two kinds of fairseq's published models, told apart by the
 checkpoint's task and checked against its architecture's model class:
 
 - translation (task ``translation``, fairseq's TransformerModel: ``transformer.wmt16.en-de``, ...): the
@@ -29,8 +29,12 @@ import shlex
 import shutil
 from typing import Dict, List
 
-logger = logging.getLogger("fairseq_fwp.uptrain")
-PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+from . import published_archives
+from .attention_transfer import DEFAULT_LR
+from .conversion import convert, read_checkpoint
+
+logger = logging.getLogger(__name__)
+PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fairseq_fwp
 TRANSLATION, LANGUAGE_MODEL = "translation", "language_modeling"
 TWIN_ARCHS = {TRANSLATION: "fwp_transformer", LANGUAGE_MODEL: "fwp_transformer_lm"}
 NOUNS = {TRANSLATION: "translation model", LANGUAGE_MODEL: "language model"}
@@ -56,10 +60,34 @@ class Twin:
     reads_subwords: bool  # whether text reaches it through BPE codes (translation, or a BPE its settings name)
 
 
+def convert_pretrained(pretrained, out, row_argv, added_modules="ungated", data=None, transfer_steps=0,
+                       transfer_lr=DEFAULT_LR):
+    """The whole of --pretrained: a published fairseq translation or language model (published_archives.py: a
+    hub name, URL, archive or folder) converted into the fast-weight model the --fwp-* flags of `row_argv` name,
+    with the original's own architecture and options (its Twin), written as a model folder at `out`; `data`
+    (binarised with the archive's dictionaries) gives attention transfer its batches. Returns (the names that were not
+    copied, the model's fairseq-train flags: OUT/model.args)."""
+    folder = published_archives.fetch(pretrained)
+    original = os.path.join(folder, "model.pt")
+    logger.info(f"the original: {original} (the teacher of --criterion fwp_distillation)")
+    checkpoint = read_checkpoint(original)
+    hub_entry = published_archives.hub().get(pretrained)
+    fast_weight_twin = twin(pretrained, folder, checkpoint, row_argv, data, hub_entry)
+    converted = f"{os.path.normpath(out)}.model.pt.part"  # beside `out`: a conversion that fails makes no folder
+    try:
+        fresh = convert(original, converted, fast_weight_twin.argv, transfer_steps, transfer_lr, added_modules,
+                        model_options=fast_weight_twin.options, checkpoint=checkpoint)
+        write_folder(folder, converted, out, fast_weight_twin)
+    finally:
+        if os.path.exists(converted):  # what a save that failed left
+            os.remove(converted)
+    return fresh, fast_weight_twin.model_args
+
+
 def twin(pretrained, folder, checkpoint, row_argv, data=None, hub_entry=None):
-    """The Twin of the checkpoint read from `folder`/model.pt (uptrain.read_checkpoint), with the row's
+    """The Twin of the checkpoint read from `folder`/model.pt (conversion.read_checkpoint), with the row's
     flags `row_argv` (what follows --), on `data` (default: the folder's dictionaries). `hub_entry`: the
-    entry of fairseq's hub table that named it (pretrained.hub), or None."""
+    entry of fairseq's hub table that named it (published_archives.hub), or None."""
     hub_entry = hub_entry or {}
     task = kind_of(pretrained, folder, checkpoint, hub_entry.get("task"))
     complete_model_config(checkpoint)
@@ -86,7 +114,7 @@ def complete_model_config(checkpoint):
     are the ones the original computes with."""
     from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
 
-    from .models.fwp_config import writable
+    from ..models.fwp_config import writable
 
     model = checkpoint["cfg"]["model"]
     arch = _get(model, "_name") or _get(model, "arch")

@@ -17,14 +17,12 @@ instead.
 """
 import glob
 import hashlib
-import logging
 import os
 import shutil
 import tarfile
 import urllib.parse
 import zipfile
 
-logger = logging.getLogger("fairseq_fwp.uptrain")
 CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "fairseq_fwp", "pretrained")
 MIRROR = "FAIRSEQ_FWP_MIRROR"
 

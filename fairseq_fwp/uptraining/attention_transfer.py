@@ -17,9 +17,9 @@ import logging
 import torch
 from fairseq.modules import MultiheadAttention
 
-from .modules.fast_weight_attention import FastWeightAttention
+from ..modules.fast_weight_attention import FastWeightAttention
 
-logger = logging.getLogger("fairseq_fwp.attention_transfer")
+logger = logging.getLogger(__name__)
 DEFAULT_LR = 3e-3  # Adam's; on Multi30k, 100 steps at 3e-3 left a lower error than at 1e-3 (docs/results.md)
 
 
@@ -110,3 +110,29 @@ def mean_errors(history):
 def overall(errors):
     """The mean over the attentions."""
     return sum(errors.values()) / len(errors)
+
+
+def transfer_attention(teacher, model, task, cfg, steps, lr):
+    """AttentionTransfer of `teacher` to `model` for `steps` steps, on the training batches fairseq-train would read
+    with `cfg` (a conversion's: conversion.py)."""
+    from fairseq import utils
+
+    if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:
+        raise ValueError("attention transfer reads training batches: give --max-tokens or --batch-size after --")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    teacher.to(device), model.to(device)
+    split = cfg.dataset.train_subset
+    task.load_dataset(split, combine=False, epoch=1)
+
+    def batches():
+        for epoch in itertools.count(1):  # as many epochs as the steps need, reshuffled each time
+            yield from task.get_batch_iterator(
+                dataset=task.dataset(split), max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
+                max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+                ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+                seed=cfg.common.seed, epoch=epoch, num_workers=0).next_epoch_itr(shuffle=True)
+
+    moved = (utils.move_to_cuda(sample) if device == "cuda" else sample for sample in batches())
+    AttentionTransfer(teacher, model, task.target_dictionary.pad(), lr).run(moved, steps)
+    model.cpu()
+
