@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -184,13 +185,10 @@ def test_an_archive_without_bpe_codes_says_what_it_holds_and_lacks(tmp_path, cap
 def test_the_printed_finetune_command_gives_each_argument_whole(tmp_path, monkeypatch, caplog):
     """Paths with spaces (the plugin's, --out's, --data's) reach fairseq-train as one argument each when the
     printed command runs in bash (here fairseq-train is a function that lists its arguments)."""
-    from fairseq_fwp.uptraining import published_model
+    from fairseq_fwp.uptraining import finetuning
 
     plugin = tmp_path / "my plugins" / "fairseq_fwp"
-    plugin.parent.mkdir()
-    plugin.symlink_to(published_model.PLUGIN_DIR)
-    monkeypatch.setattr(published_model, "PLUGIN_DIR", str(plugin))
-    monkeypatch.setattr(fairseq_fwp, "__path__", [*fairseq_fwp.__path__, str(plugin)])  # fairseq's --user-dir check
+    monkeypatch.setattr(finetuning, "PLUGIN_DIR", str(plugin))
     data, out = tiny_archive(tmp_path / "my data"), tmp_path / "my models" / "dpfp"  # the archive's dictionaries
     with caplog.at_level("INFO", logger="fairseq_fwp.uptraining"):
         cli.main(["--pretrained", str(data), "--out", str(out), "--data", str(data), "--", *DPFP_SUM])
@@ -198,9 +196,34 @@ def test_the_printed_finetune_command_gives_each_argument_whole(tmp_path, monkey
     listed = subprocess.run(["bash", "-c", 'fairseq-train() { printf "%s\\0" "$@"; }; ' + command],
                             capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
     model_args = shlex.split((out / "model.args").read_text())
-    assert model_args[:2] == ["--user-dir", str(plugin)]
-    assert listed[:1 + len(model_args)] == [str(data), *model_args]
+    assert listed[:3 + len(model_args)] == [str(data), "--user-dir", str(plugin), *model_args]
     assert listed[listed.index("--finetune-from-model") + 1] == str(out / "model.pt")
+
+
+@pytest.mark.slow  # a new process
+def test_a_converted_folder_finetunes_and_loads_where_the_checkout_that_converted_it_is_gone(tmp_path):
+    """Converted on one machine (a workstation's checkout, run from its folder), finetuned and loaded on another
+    where the plugin lives elsewhere (here, this checkout): neither model.args nor the checkpoint names a
+    folder of the checkout that converted it."""
+    from fairseq import options
+
+    workstation = tmp_path / "workstation"
+    workstation.mkdir()
+    (workstation / "fairseq_fwp").symlink_to(fairseq_fwp.__path__[0])  # its plugin, imported from there
+    folder, out = tiny_archive(tmp_path / "model", "--share-all-embeddings"), tmp_path / "dpfp"
+    converted = subprocess.run([sys.executable, "-m", "fairseq_fwp.uptrain", "--pretrained", folder, "--out", out,
+                                "--", *DPFP_SUM], cwd=workstation, capture_output=True, text=True)
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert f"--user-dir {workstation / 'fairseq_fwp'} " in converted.stderr  # the workstation's plugin converted it
+    (workstation / "fairseq_fwp").unlink()  # that checkout is gone (or moved)
+    model = shlex.split((out / "model.args").read_text())
+    # the next step of docs/uptraining.md, with the plugin where it is on this machine:
+    # fairseq-train DATA --user-dir fairseq_fwp "${model[@]}" --finetune-from-model OUT/model.pt ...
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(folder), "--user-dir", fairseq_fwp.__path__[0], *model, "--finetune-from-model", str(out / "model.pt")])
+    assert (args.arch, args.fwp_feature_map) == ("fwp_transformer", "dpfp")
+    assert str(workstation) not in repr(torch.load(out / "model.pt", weights_only=False)["cfg"])
+    assert isinstance(load(out / "model.pt", out), FastWeightTransformerModel)
 
 
 @pytest.fixture

@@ -97,8 +97,9 @@ def finetune(args):
     update_freq = max(1, PUBLISHED_GPUS // args.gpus)
     model_args = shlex.split(open(os.path.join(args.model, "model.args")).read())  # the converted model's flags
     os.makedirs(args.save_dir, exist_ok=True)
-    fairseq("train", os.path.join(args.data, "bin"), *model_args, *FINETUNE, *PRECISIONS[args.precision],
-            "--update-freq", update_freq, "--teacher-checkpoint", os.path.join(original_folder(args.data), "model.pt"),
+    fairseq("train", os.path.join(args.data, "bin"), "--user-dir", PLUGIN_DIR, *model_args, *FINETUNE,
+            *PRECISIONS[args.precision], "--update-freq", update_freq,
+            "--teacher-checkpoint", os.path.join(original_folder(args.data), "model.pt"),
             "--finetune-from-model", os.path.join(args.model, "model.pt"), "--save-dir", args.save_dir,
             *cli.fairseq_passthrough(args), echo=True, log=os.path.join(args.save_dir, "train.log"))
 

@@ -3,18 +3,22 @@
 import os
 import shlex
 
+# The plugin's folder in this process, which the printed command names as its --user-dir: model.args names
+# none, so that the folder finetunes wherever the plugin lives.
+PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def finetune_command(out, data, model_args):
-    """The fairseq-train command that finetunes a conversion of --pretrained at `out`, its model's flags
-    (`model_args`, what model.args holds) inline, with the finetuning recipe of its task (FINETUNE_RECIPES);
-    more flags may follow it."""
+    """The fairseq-train command that finetunes a conversion of --pretrained at `out` with this process's plugin
+    (PLUGIN_DIR), its model's flags (`model_args`, what model.args holds) inline, with the finetuning recipe of
+    its task (FINETUNE_RECIPES); more flags may follow it."""
     task = model_args[model_args.index("--task") + 1]
     recipe = FINETUNE_RECIPES[task] + (ADAPTIVE_LOSS if "--adaptive-softmax-cutoff" in model_args else [])
     if task == "language_modeling" and "--max-target-positions" in model_args:  # segments within its positions
         positions = int(model_args[model_args.index("--max-target-positions") + 1])
         segment = recipe.index("--tokens-per-sample") + 1
         recipe[segment] = str(min(int(recipe[segment]), positions))
-    return shlex.join(["fairseq-train", data or "DATA", *model_args, "--finetune-from-model",
+    return shlex.join(["fairseq-train", data or "DATA", "--user-dir", PLUGIN_DIR, *model_args, "--finetune-from-model",
                        os.path.join(out, "model.pt"), *recipe, "--save-dir", os.path.join(out, "finetuned")])
 
 

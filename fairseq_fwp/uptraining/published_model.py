@@ -34,7 +34,6 @@ from .attention_transfer import DEFAULT_LR
 from .conversion import convert, read_checkpoint
 
 logger = logging.getLogger(__name__)
-PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fairseq_fwp
 TRANSLATION, LANGUAGE_MODEL = "translation", "language_modeling"
 TWIN_ARCHS = {TRANSLATION: "fwp_transformer", LANGUAGE_MODEL: "fwp_transformer_lm"}
 NOUNS = {TRANSLATION: "translation model", LANGUAGE_MODEL: "language model"}
@@ -55,7 +54,7 @@ class Twin:
 
     task: str  # TRANSLATION or LANGUAGE_MODEL
     options: Dict[str, object]  # the original's model options (model_options)
-    model_args: List[str]  # the fairseq-train flags of the twin's model: OUT/model.args
+    model_args: List[str]  # the fairseq-train flags of the twin's model, the plugin's folder aside: OUT/model.args
     argv: List[str]  # the conversion's fairseq-train arguments: the data, model_args, the batch flags
     reads_subwords: bool  # whether text reaches it through BPE codes (translation, or a BPE its settings name)
 
@@ -102,7 +101,9 @@ def twin(pretrained, folder, checkpoint, row_argv, data=None, hub_entry=None):
     settings = reading_settings(checkpoint, hub_entry)
     positions = ["--fwp-positions", "on"] if task == LANGUAGE_MODEL and not options.get(
         "no_token_positional_embeddings") else []
-    model = ["--user-dir", PLUGIN_DIR, *reading, *[x for name, value in settings.items() for x in (f"--{name}", value)],
+    # No --user-dir: the plugin converting it is imported already, and a folder of this machine's would stop
+    # model.args (and the checkpoint's config) from working where the plugin lives elsewhere.
+    model = [*reading, *[x for name, value in settings.items() for x in (f"--{name}", value)],
              "--arch", TWIN_ARCHS[task], *option_flags(options, task), *positions, *fwp]
     return Twin(task, options, model, [data or folder, *model, *batch],
                 reads_subwords=task == TRANSLATION or "bpe" in settings)
