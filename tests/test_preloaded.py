@@ -4,9 +4,11 @@ fairseq-train and fairseq-generate as installed (new processes of the console sc
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -226,4 +228,80 @@ def test_a_stand_in_on_path_runs_its_command_on_the_server(tmp_path, monkeypatch
     assert ok.stdout.startswith("usage: fairseq-preprocess") and ok.returncode == 0
     failed = subprocess.run(["bash", "-c", "fairseq-train --user-dir nowhere"], env=env, cwd=tmp_path,
                             capture_output=True, text=True)
-    assert failed.returncode != 0 and "nowhere" in failed.stdout
+    assert failed.returncode != 0 and "nowhere" in failed.stderr
+
+
+@pytest.fixture
+def train_scripts(tmp_path):
+    """fairseq-train as installed (a new process) and its stand-in (a fork of the server), and the environment that
+    runs both."""
+    env = dict(os.environ, **preloaded.stand_ins(str(tmp_path / "bin"), commands=("train",)))
+    return [preloaded._console_script("fairseq-train"), str(tmp_path / "bin" / "fairseq-train")], env
+
+
+@pytest.mark.slow
+def test_stdout_and_stderr_stay_apart(tmp_path, train_scripts):
+    """`fairseq-train ... 2>/dev/null` prints the command's stdout alone, forked as installed."""
+    probe = user_dir(tmp_path / "probe", "import sys\nprint('probe: out')\nprint('probe: err', file=sys.stderr)\n")
+    scripts, env = train_scripts
+    runs = [subprocess.run([script, "--user-dir", probe, "--help"], env=env, capture_output=True, text=True)
+            for script in scripts]
+    assert [(probe_lines(run.stdout), probe_lines(run.stderr), run.returncode) for run in runs] == [
+        (["probe: out"], ["probe: err"], 0)] * 2
+
+
+def test_the_devices_and_the_distributed_setup_are_read_at_start():
+    """fairseq's world size defaults to the device count at import: a caller with other devices or another
+    distributed setup gets a new process."""
+    names = ["CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "LOCAL_RANK"]
+    assert list(preloaded._read_at_start(dict.fromkeys([*names, "PATH", "RANKS"], "1"))) == names
+
+
+@pytest.mark.slow
+def test_output_that_ends_without_a_newline_keeps_its_exit_status(tmp_path, launches):
+    probe = user_dir(tmp_path / "probe", "import atexit, sys\natexit.register(sys.stdout.write, 'probe: no newline')\n")
+    new, served = launches("train", "--user-dir", probe, "--help")
+    assert new.endswith("\nprobe: no newline") and served == new
+
+
+# Says which process runs the command, then waits for a signal.
+SLEEPS = "import os, time\nprint('probe: pid', os.getpid(), flush=True)\ntime.sleep(30)\n"
+
+
+def start_sleeping(script, probe, env):
+    """`script` on the SLEEPS probe: (its process, the pid of the process that runs the command)."""
+    process = subprocess.Popen([script, "--user-dir", probe, "--help"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    return process, int(process.stdout.readline().split()[-1])
+
+
+@pytest.mark.slow
+def test_ctrl_c_interrupts_the_command_as_its_console_script(tmp_path, train_scripts):
+    """SIGINT to fairseq-train: the command's KeyboardInterrupt, its traceback (the probe interrupted, in its
+    print or its sleep), and death by SIGINT (a shell's 130)."""
+    probe = user_dir(tmp_path / "probe", SLEEPS)
+    scripts, env = train_scripts
+    ends = []
+    for script in scripts:
+        process, _ = start_sleeping(script, probe, env)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        ends.append((process.returncode, re.findall(r'File "(.*)"', err)[-1], err.splitlines()[-1]))
+    assert ends[0] == ends[1] == (-signal.SIGINT, str(probe / "__init__.py"), "KeyboardInterrupt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_a_command_ends_with_its_killed_caller(tmp_path, train_scripts, stop):
+    scripts, env = train_scripts
+    process, pid = start_sleeping(scripts[1], user_dir(tmp_path / "probe", SLEEPS), env)
+    process.send_signal(stop)
+    process.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the command's process {pid} outlived its caller")

@@ -6,10 +6,11 @@ commands (the test suite, the quickstart) pays that per command. With FAIRSEQ_FW
 commands.fairseq sends each command to a server that imported torch and fairseq's command-line modules
 once (one per calling process, started at its first command) and forks a fresh child per command. The
 child is the command as its console script runs it: the module's cli_main(), with the caller's argv, stdin,
-working folder and environment, its output streamed back line by line; the --user-dir is imported in the
-child, as fairseq-train does; it seeds its random number generators afresh and exits as the interpreter
-exits. A caller whose environment differs from the server's in what a new process reads at its start
-(READ_AT_START) gets its command as installed, a new process, and so do commands that must start as
+stdout, stderr (launch: one pipe for both, as a new process's with stderr=STDOUT), working folder and
+environment; the --user-dir is imported in the child, as fairseq-train does; it seeds its random number
+generators afresh and exits as the interpreter exits; its caller's Ctrl-C interrupts it (forward), and it
+ends when its caller goes. A caller whose environment differs from the server's in what a new process reads
+at its start (READ_AT_START) gets its command as installed, a new process, and so do commands that must start as
 `python -m fairseq_cli.<command>`. For commands that other programs run (the docs test's bash), stand_ins
 writes fairseq-* scripts to put first on PATH, which send their command to one server
 (FAIRSEQ_FWP_PRELOAD_SOCKET).
@@ -40,10 +41,10 @@ COMMANDS = ("preprocess", "train", "generate", "eval_lm", "score")
 CONFIGURE_LOGGING = ("preprocess", "train", "eval_lm")
 # What a new process reads from its environment before the child can take its caller's: the interpreter
 # (PYTHON*), the thread pools of OpenMP, MKL and OpenBLAS (loaded with torch and numpy), fairseq when imported
-# (LOCAL_RANK, its cache folders). A caller whose values differ from the server's gets a new process.
-READ_AT_START = re.compile(r"(PYTHON|OMP_|MKL_|OPENBLAS_)\w*|LOCAL_RANK|TORCH_HOME|XDG_CACHE_HOME|"
-                           r"PYTORCH_FAIRSEQ_CACHE")
-EXIT = b"\0fairseq-fwp exit "  # the line after a command's output that gives its exit status
+# (LOCAL_RANK, its cache folders, its world size: the device count, which the distributed setup it is held
+# to at start-up must match). A caller whose values differ from the server's gets a new process.
+READ_AT_START = re.compile(r"(PYTHON|OMP_|MKL_|OPENBLAS_|SLURM_)\w*|LOCAL_RANK|TORCH_HOME|XDG_CACHE_HOME|"
+                           r"PYTORCH_FAIRSEQ_CACHE|CUDA_VISIBLE_DEVICES|WORLD_SIZE|RANK|MASTER_(ADDR|PORT)")
 _server = {}  # the calling process's server: {"pid": the caller, "path": socket path, "process": Popen}
 _server_lock = threading.Lock()
 
@@ -55,40 +56,56 @@ def enabled():
 # -- the caller's side ----------------------------------------------------------------------------------
 
 def launch(command, args, cwd=None):
-    """fairseq-<command> args, run by the server: (its output lines, a function that returns its exit
-    status once they are read)."""
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.connect(_server_path())
-    socket.send_fds(connection, [b"\0"], [0])  # the caller's stdin (fairseq-score --sys -)
-    request = dict(command=command.replace("-", "_"), argv=[f"fairseq-{command}", *args],
-                   cwd=os.path.abspath(cwd or os.getcwd()), env=dict(os.environ))
-    connection.sendall(json.dumps(request).encode() + b"\n")
-    status = [-signal.SIGKILL]  # where the child dies without saying how (killed, crashed)
-
-    def lines():
-        with connection, connection.makefile("rb") as stream:
-            for line in stream:
-                if line.startswith(EXIT):
-                    status[0] = int(line[len(EXIT):])
-                    return
-                yield line.decode(errors="replace")
+    """fairseq-<command> args, run by the server: (its output lines, stdout and stderr together, a function
+    that returns its exit status once they are read)."""
+    read, write = os.pipe()
+    connection = _request(command, args, cwd, [0, write, write])
+    os.close(write)  # the output ends when the command's copies close
+    output = open(read, encoding="utf-8", errors="replace")
 
     def wait():
-        for _ in output:  # what the caller did not read
-            pass
-        return status[0]
-    output = lines()
+        with connection, output:
+            for _ in output:  # what the caller did not read
+                pass
+            return _status(connection)
     return output, wait
 
 
 def forward(command, args):
     """A stand-in for fairseq-<command>'s console script (stand_ins): runs it on the server whose socket
-    FAIRSEQ_FWP_PRELOAD_SOCKET names, its output on this process's stdout; returns its exit status."""
-    lines, wait = launch(command, args)
-    for line in lines:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-    return wait()
+    FAIRSEQ_FWP_PRELOAD_SOCKET names, on this process's stdin, stdout and stderr; returns its exit status, or
+    ends this process by the signal that ended the command."""
+    with _request(command, args, None, [0, 1, 2]) as connection:
+        while True:
+            try:
+                status = _status(connection)
+                break
+            except KeyboardInterrupt:  # Ctrl-C: the command's to handle, as its console script's is
+                connection.sendall(bytes([signal.SIGINT]))
+    if status < 0:  # what a shell reads as 128 + the signal (130 for Ctrl-C)
+        if status != -signal.SIGKILL:  # Python's own handler set aside (Ctrl-C's)
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    return status
+
+
+def _request(command, args, cwd, fds):
+    """Sends fairseq-<command> args to the server, to run on `fds` as its stdin, stdout and stderr; returns the
+    connection that then gives its exit status (_status) and outlives it (the child ends when it closes)."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(_server_path())
+    socket.send_fds(connection, [b"\0"], fds)
+    request = dict(command=command.replace("-", "_"), argv=[f"fairseq-{command}", *args],
+                   cwd=os.path.abspath(cwd or os.getcwd()), env=dict(os.environ))
+    connection.sendall(json.dumps(request).encode() + b"\n")
+    return connection
+
+
+def _status(connection):
+    """The command's exit status once it ends (negative: the signal that killed it)."""
+    with connection.makefile("rb") as stream:
+        reply = stream.read()
+    return int(reply) if reply else -signal.SIGKILL  # the child died without saying how (killed, crashed)
 
 
 def stand_ins(folder, commands=("preprocess", "train", "generate", "eval-lm")):
@@ -158,10 +175,11 @@ def _child(connection, modules, start_environment):
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command's own subprocesses are waited for
         request = _take_request(connection)
+        _follow_caller(connection)
         if _read_at_start(os.environ) == start_environment:
             status = _run(modules, request["command"], request["argv"])
         else:  # the server started under other values: the command as installed
-            status = subprocess.call([_console_script(request["argv"][0]), *request["argv"][1:]])
+            status = _call([_console_script(request["argv"][0]), *request["argv"][1:]])
     except BaseException:
         traceback.print_exc()
     finally:
@@ -171,25 +189,49 @@ def _child(connection, modules, start_environment):
             except Exception:
                 pass
         try:
-            os.write(1, EXIT + f"{status}\n".encode())
+            connection.sendall(f"{status}\n".encode())
         finally:
             os._exit(status)
 
 
 def _take_request(connection):
     """The command's request, read from the connection, and its process as its caller's: the caller's stdin,
-    the connection as stdout and stderr, the caller's working folder and environment."""
-    _, (stdin,), _, _ = socket.recv_fds(connection, 1, 1)
+    stdout and stderr, working folder and environment."""
+    _, fds, _, _ = socket.recv_fds(connection, 1, 3)
     with connection.makefile("rb") as stream:
         request = json.loads(stream.readline())
-    os.dup2(stdin, 0)
-    os.close(stdin)
-    os.dup2(connection.fileno(), 1)
-    os.dup2(connection.fileno(), 2)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())  # as a new process buffers this stdout
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     return request
+
+
+def _follow_caller(connection):
+    """While the command runs, a byte from its caller is a signal for it (Ctrl-C: forward), and the
+    connection's end (the caller killed) ends it: it runs for its caller alone."""
+    main = threading.get_ident()
+
+    def follow():
+        try:
+            for signum in iter(lambda: connection.recv(1), b""):
+                signal.pthread_kill(main, signum[0])  # the main thread's: its wait breaks, as a console script's
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=follow, daemon=True).start()
+
+
+def _call(argv):
+    """The command as installed, a new process, which the caller's Ctrl-C reaches (_follow_caller)."""
+    with subprocess.Popen(argv) as process:
+        while True:
+            try:
+                return process.wait()
+            except KeyboardInterrupt:
+                process.send_signal(signal.SIGINT)
 
 
 def _read_at_start(environment):
@@ -213,9 +255,10 @@ def _run(modules, command, argv):
         sys.exit(module.cli_main())
     except SystemExit as stop:
         status = _exit_status(stop)
-    except BaseException:
+    except BaseException as error:
         traceback.print_exc()
-        status = 1
+        # the interpreter ends killed by Ctrl-C's signal after its traceback (a shell's 130)
+        status = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
     _exit_as_the_interpreter()
     return status
 
