@@ -166,6 +166,13 @@ def build_lm_model(*flags, seed=0):
     return model.eval(), d
 
 
+def log_probabilities(model, *inputs):
+    """What `model` (in eval mode) predicts at every position of `inputs`: the log-probability of every word of
+    its vocabulary (model.get_normalized_probs; through an adaptive softmax, its head and every tail cluster)."""
+    with torch.no_grad():
+        return model.get_normalized_probs(model(*inputs), log_probs=True)
+
+
 def random_tokens(d, lengths, seed=0, left_pad=True):
     """[B, max_len] tokens of the given lengths, padded left (sources) or right."""
     g = torch.Generator().manual_seed(seed)

@@ -2,7 +2,7 @@
 the state-dict layouts fairseq upgrades when it loads them (examples/recipes/published_layouts.py). Each
 stand-in is converted, then loaded through fairseq's own loader: it must come back as the fast-weight model,
 compute differently where its row changes the computation, and compute as the original with softmax
-attention."""
+attention (the same log-probability of every word)."""
 import os
 import re
 import shlex
@@ -22,6 +22,7 @@ from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noq
 from fairseq_fwp.uptraining import cli  # noqa: E402
 from fairseq_fwp.uptraining.conversion import convert  # noqa: E402
 from fairseq_fwp.uptraining.published_model import convert_pretrained  # noqa: E402
+from helpers import log_probabilities  # noqa: E402
 
 TINY = ["--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", 32, "--decoder-embed-dim", 32,
         "--encoder-ffn-embed-dim", 64, "--decoder-ffn-embed-dim", 64, "--encoder-attention-heads", 4,
@@ -52,12 +53,12 @@ def load(path, folder):
     return model.eval()
 
 
-def outputs(model):
+def word_log_probs(model):
+    """[3, 5, vocabulary]: the log-probability of every target word after each prefix, for 3 random sources."""
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, 104, (3, 7), generator=g)
     prev = torch.randint(4, 104, (3, 5), generator=g)
-    with torch.no_grad():
-        return model(src, torch.full((3,), 7), prev)[0]
+    return log_probabilities(model, src, torch.full((3,), 7), prev)
 
 
 def fast_weight_attentions(model):
@@ -71,7 +72,7 @@ def test_a_published_layout_converts_into_the_fast_weight_model(archives, tmp_pa
     converted = load(tmp_path / "dpfp" / "model.pt", tmp_path / "dpfp")
     assert isinstance(converted, FastWeightTransformerModel)
     assert fast_weight_attentions(converted) == 2 + 2 * 2  # every attention of 2 + 2 layers
-    assert not torch.allclose(outputs(converted), outputs(load(folder / "model.pt", folder)), atol=1e-3)
+    assert not torch.allclose(word_log_probs(converted), word_log_probs(load(folder / "model.pt", folder)), atol=1e-3)
 
 
 @pytest.mark.parametrize("layout, shared", VARIANTS)
@@ -81,7 +82,8 @@ def test_a_published_layout_converted_with_softmax_attention_computes_as_the_ori
     convert_pretrained(str(folder), str(tmp_path / "softmax"), ["--fwp-feature-map", "softmax"])
     converted = load(tmp_path / "softmax" / "model.pt", tmp_path / "softmax")
     assert isinstance(converted, FastWeightTransformerModel)
-    torch.testing.assert_close(outputs(converted), outputs(load(folder / "model.pt", folder)), rtol=1e-5, atol=1e-5)
+    original = load(folder / "model.pt", folder)
+    torch.testing.assert_close(word_log_probs(converted), word_log_probs(original), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout, shared", [("in-proj", True), ("no-output-projection", False)])
