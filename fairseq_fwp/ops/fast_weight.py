@@ -18,6 +18,7 @@ import torch
 
 from .backends import Call, resolve
 from .decay import run_with_decay
+from .decay_columns import ColumnReads
 from .rules import rule_for, update_rule
 from .validation import check_inputs, check_step_inputs
 
@@ -127,8 +128,10 @@ def _checked_call(run, rule, q, k, v, beta, state, decay, log_decay, backend, on
     if decay is None:
         return run(rule, q, k, v, beta, state, log_decay, backend, on_choice, needs_grad)
     decay = decay.to(accumulation_dtype(_compute_dtype([q, k, v, beta])))
+    columns = None if rule.write_form is None else ColumnReads(
+        rule.write_form, lambda log, *tensors: _run(rule, *tensors, log, backend, None, needs_grad)[0])
     return run_with_decay(lambda log, *tensors: run(rule, *tensors, log, backend, on_choice, needs_grad), decay,
-                          (q, k, v, beta, state))
+                          (q, k, v, beta, state), columns)
 
 
 def fast_weight(rule, q, k, v, beta=None, state=None, *, decay=None, log_decay=None, backend="auto",

@@ -25,6 +25,7 @@ import importlib
 import pkgutil
 
 UPDATE_RULES = {}
+WRITE_FORMS = (None, "sum", "delta")  # UpdateRule.write_form
 
 
 class UpdateRule:
@@ -43,6 +44,10 @@ class UpdateRule:
     householder = False
     product = None
     substeps = False  # k ``[.., N, D]``, v ``[.., N, Dv]`` and beta ``[.., N]``: N writes per token, in order
+    # What each write is, for exact gradients of small per-channel decays given as decay= (ops/decay_columns.py):
+    # "sum" (W' + v k^T) or "delta" (W' + beta (v - W' k) k^T), W' the decayed memory; None (any other step):
+    # one extra pass of the op per step with such decays. Only the class's own declaration counts.
+    write_form = None
     kernels = {}  # backend name -> backends.Kernel; every rule also runs on "reference" (its step)
     name = None  # set by register_update_rule
 
@@ -75,6 +80,9 @@ def register_update_rule(name):
         rule.name = name
         rule.kernels = dict(cls.__dict__.get("kernels", {}))  # its own, or none: not its parent's
         rule.product = cls.__dict__.get("product")
+        rule.write_form = cls.__dict__.get("write_form")
+        if rule.write_form not in WRITE_FORMS:
+            raise ValueError(f"update rule {name!r}: write_form {rule.write_form!r} is none of {WRITE_FORMS}")
         UPDATE_RULES[name] = rule
         return cls
     return register

@@ -41,6 +41,7 @@ class GLARule(SumRule):
 
     decay = "channels"
     decay_form = "logsigmoid"  # log a_t = logsigmoid(W_2 W_1 x_t + b) / 16
+    write_form = "sum"
     kernels = {"chunked": GLA_CHUNKED, "fla": fla.GLA}
 
 
@@ -51,6 +52,7 @@ class KDARule(DeltaRule):
 
     decay = "channels"
     product = "kda-product"
+    write_form = "delta"
     kernels = {"chunked": KDA_CHUNKED, "fla": fla.KDA}
 
 
@@ -59,6 +61,7 @@ class KDAProductRule(DeltaProductRule):
     """KDA with N writes per token (DeltaProduct's form): the decay once per token, before its first write."""
 
     decay = "channels"
+    write_form = "delta"
     kernels = {"chunked": chunked.product(KDA_CHUNKED)}
 
 
