@@ -200,6 +200,36 @@ def test_every_validation_subset_starts_its_streams_from_zero(lm_data, tmp_path)
     assert valid_losses(both)["test"] == valid_losses(alone)["test"]
 
 
+def stream_task(tmp_path, *flags):
+    """fwp_stream_lm set up in this process, as fairseq-train sets it up, on a toy dictionary."""
+    from fairseq import tasks
+    from helpers import parse_args
+
+    toy_dictionary().save(str(tmp_path / "dict.txt"))
+    args = parse_args("fwp_stream_lm", "fwp_lm_tiny", "--batch-size", "2", *flags)
+    args.data = str(tmp_path)
+    return tasks.setup_task(args), args
+
+
+@pytest.mark.parametrize("positions", [["--fwp-positions", "on"], ["--fwp-positions", "on", "--decoder-learned-pos"]])
+def test_segments_longer_than_the_models_positions_are_refused_when_the_model_is_built(tmp_path, positions):
+    """Positions restart in every segment: a 128-token segment on 64 positions would read past them (a learned
+    embedding has no row there; sinusoidal positions extend silently)."""
+    task, args = stream_task(tmp_path, *positions, "--tokens-per-sample", "128", "--max-target-positions", "64")
+    refusal = r"--tokens-per-sample 128 .* 64 positions.*at most 64.*--max-target-positions"
+    with pytest.raises(ValueError, match=refusal):
+        task.build_model(args)
+    task, args = stream_task(tmp_path, *positions, "--tokens-per-sample", "64", "--max-target-positions", "64")
+    task.build_model(args)  # segments that fit
+
+
+def test_a_model_without_positions_takes_segments_of_any_length(tmp_path):
+    task, args = stream_task(tmp_path, "--tokens-per-sample", "128", "--max-target-positions", "64")
+    model = task.build_model(args)
+    with torch.no_grad():
+        model(torch.full((2, 128), task.dictionary.index("w1")))
+
+
 def test_random_stream_offsets_move_training_streams_per_epoch(lm_data):
     from fairseq import tasks
     from helpers import parse_args

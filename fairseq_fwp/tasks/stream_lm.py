@@ -38,7 +38,9 @@ borders (fairseq's example truncated_bptt_lm task scores neither the first
 token of a segment nor is exact about ntokens).
 
 Position embeddings, if on, restart at every segment, in training and
-evaluation alike; the fwp_lm_* archs have none.
+evaluation alike, so a segment (--tokens-per-sample) may not be longer than
+the model's positions (--max-target-positions): building the model refuses
+it. The fwp_lm_* archs have none, and take segments of any length.
 """
 import logging
 import math
@@ -187,6 +189,7 @@ class StreamLanguageModelingTask(FairseqTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
+        self._check_segments_fit(model)
         layers = [m for m in model.modules() if isinstance(m, FastWeightAttention) and m.causal]
         if self.cfg.fwp_carry_over == "on":
             if not layers:
@@ -196,6 +199,18 @@ class StreamLanguageModelingTask(FairseqTask):
                 layer.enable_carry_over(rank, ranks)  # random features: one draw per epoch (begin_epoch)
             self._carrying_layers.extend(layers)  # eval-lm may build an ensemble: every model's layers
         return model
+
+    def _check_segments_fit(self, model):
+        """Positions restart in every segment, so a model with position embeddings must have one for each of
+        a segment's tokens: past them a learned embedding has no row, and sinusoidal ones go on unchecked."""
+        decoder = getattr(model, "decoder", None)
+        if getattr(decoder, "embed_positions", None) is None:
+            return  # no positions (the fwp_lm_* archs' default): segments of any length
+        positions = decoder.max_positions()
+        if self.cfg.tokens_per_sample > positions:
+            raise ValueError(f"--tokens-per-sample {self.cfg.tokens_per_sample} is longer than the model's {positions} "
+                             "positions, which restart in every segment: lower --tokens-per-sample to at most "
+                             f"{positions}, or give the model more positions (--max-target-positions)")
 
     def prepare_checkpoint(self, trainer):
         """Before fairseq saves a checkpoint, on every rank (compat.py calls it): every rank's training
