@@ -22,7 +22,7 @@ fresh`` keeps them as initialised for training from scratch (Mamba-2's
 spread of decays, random convolutions). A parameter whose shape
 differs, or a softmax parameter the fast-weight model has no place for, stops
 the conversion with its name, and so does every model option that makes the
-two compute differently although the shapes agree (COMPUTATION_FIELDS: heads,
+two compute differently although the shapes agree (differences.py: heads,
 layers, widths, normalize-before, layernorm-embedding, embedding scale,
 positions, shared embeddings). The converted file is a complete fairseq
 checkpoint: fairseq-generate and fairseq-eval-lm score it as it is (the
