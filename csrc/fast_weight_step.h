@@ -234,6 +234,16 @@ struct FactoredMemory {
   }
 };
 
+// Eqs. 19, 28: out / (z . phi(q) + eps), and 0 where z . phi(q) is 0 (phi(q) shares no feature with a key
+// written, so W phi(q) is 0 too), as the layer's sequence forward computes it.
+template <typename T, typename Team>
+FWP_STEP void divide_by_normaliser(const Team& team, const StepOptions& o, int64_t D, int64_t dv, const T* z,
+                                   const T* phi_q, T* out) {
+  const T dot = team.dot(z, phi_q, D);
+  const T normaliser = dot + T(o.eps);
+  team.each(dv, [&](int64_t e) { out[e] = dot > T(0) ? out[e] / normaliser : T(0); });
+}
+
 // One (row, head): advances the memory (W, or its factors) and z [D] in place and writes out [dv].
 // scratch: step_scratch(s, 0) numbers.
 template <typename T, typename Team, typename Memory>
@@ -279,9 +289,8 @@ FWP_STEP void fused_step(const Team& team, const StepOptions& o, const StepSizes
     });
     memory.write(team, u, o.write == Write::kEraseWrite || !scaled ? phi_k : key);
   }
-  const T normaliser = o.attention_normalization ? team.dot(z, phi_q, D) + T(o.eps) : T(1);
   memory.apply(team, phi_q, out);
-  team.each(dv, [&](int64_t e) { out[e] /= normaliser; });
+  if (o.attention_normalization) divide_by_normaliser(team, o, D, dv, z, phi_q, out);
 }
 
 // One (row, head) of a read of a source memory (encoder-decoder attention, Eq. 15's W read by a query): out [dv]
@@ -293,9 +302,8 @@ FWP_STEP void fused_read(const Team& team, const StepOptions& o, const StepSizes
   T* phi_q = scratch;
   feature_map(team, o, s, q, phi_q, phi_q + s.D);
   normalise(team, o.qk_norm, s.D, phi_q);
-  const T normaliser = o.attention_normalization ? team.dot(z, phi_q, s.D) + T(o.eps) : T(1);
   memory.apply(team, phi_q, out);
-  team.each(s.dv, [&](int64_t e) { out[e] /= normaliser; });
+  if (o.attention_normalization) divide_by_normaliser(team, o, s.D, s.dv, z, phi_q, out);
 }
 
 // Calls f(memory) with the memory of index `which`: DenseMemory where tensors.W is given, else FactoredMemory

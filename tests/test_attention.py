@@ -228,6 +228,50 @@ def test_delta_rule_attention_normalisation_is_the_papers_formula(fm):
             torch.testing.assert_close(got[:, b, h], want, rtol=1e-10, atol=1e-10)
 
 
+def lm_gradients_after_a_training_step(flags, backend, seed, T=34):
+    """The tiny LM's parameter gradients of a log-likelihood on two rows (the second padded from 3T/4), after one
+    training step (Adam's first: lr sign(g)), with --fwp-backend `backend` in float32 and with the reference in
+    float64: ({name: float32's}, {name: float64's})."""
+    from helpers import build_lm_model
+
+    model, d = build_lm_model(*flags, "--fwp-backend", backend, seed=seed)
+    reference, _ = build_lm_model(*flags, "--fwp-backend", "reference", seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(d.nspecial, len(d), (2, T), generator=g)
+    x[:, 0] = d.eos()
+    x[1, T - T // 4:] = d.pad()
+    y = torch.randint(d.nspecial, len(d), (2, T), generator=g)
+
+    def gradients(m):
+        m.train()
+        m.zero_grad()
+        log_p = m.get_normalized_probs(m(x), log_probs=True).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        (-(log_p * x.ne(d.pad())).sum() / x.ne(d.pad()).sum()).backward()
+        return {n: p.grad.double() for n, p in m.named_parameters() if p.grad is not None}
+
+    gradients(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sub_(1e-3 * p.grad.sign())
+    reference.load_state_dict(model.state_dict())
+    return gradients(model), gradients(reference.double())
+
+
+@pytest.mark.parametrize("rule, seed", [("sum", 15), ("delta", 5)])
+@pytest.mark.parametrize("backend", ["chunked", "reference"])
+def test_float32_gradients_where_dpfp_supports_are_disjoint(rule, seed, backend):
+    """DPFP's features of a query can share no support with every key before it: z . phi(q) = 0 (Eqs. 19, 28),
+    where the output is 0 and so is every exact gradient through it. Dividing by eps there sent 1 / eps
+    gradients into the sum rule's chunked backward, whose rounding reached the other chunks (4e-3 of the
+    largest gradient); the delta rule's d_t = z_{t-1} . phi(k_t) (Eq. 27) taken as (z_t - phi(k_t)) . phi(k_t)
+    lost its small values to the cancellation (2e-2, on both backends). Both are now within float32's
+    rounding of the float64 reference."""
+    flags = ["--fwp-feature-map", "dpfp", "--fwp-update-rule", rule, "--fwp-attn-norm", "on", "--fwp-output-gate", "on"]
+    got, want = lm_gradients_after_a_training_step(flags, backend, seed)
+    largest = max(w.abs().max() for w in want.values())
+    assert max((got[n] - want[n]).abs().max() / largest for n in want) < 1e-5
+
+
 def attention_normalisation_by_site(model):
     """{decoder self-attention?: set of attention_normalization values} of a model's fast-weight layers."""
     found = {}

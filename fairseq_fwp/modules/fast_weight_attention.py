@@ -181,7 +181,7 @@ class FastWeightAttention(nn.Module):
 
     def _normalize_output(self, out, q, z):
         """Eq. 19 / Eq. 28: divide by z_t . phi(q_t)."""
-        return out / ((q * z).sum(-1, keepdim=True) + self.options.eps)
+        return divided_by_normalizer(out, (q * z).sum(-1, keepdim=True), self.options.eps)
 
     # -- causal ----------------------------------------------------------------
     #
@@ -282,16 +282,18 @@ class FastWeightAttention(nn.Module):
         (Eqs. 26-28). Returns (z [B, H, T, D] or None, k, beta)."""
         if not self.options.attention_normalization:
             return None, k, beta
-        acc = accumulation_dtype(k.dtype)
+        k_acc = k.to(accumulation_dtype(k.dtype))
         z0 = state.key_sum
-        if one_step:  # the incremental state owns z: updated in place
-            z = (k[:, :, 0].to(acc, copy=True) if z0 is None else z0.add_(k[:, :, 0])).unsqueeze(2)
+        if one_step:  # the incremental state owns z: updated in place, after the retrieval has read z_{t-1}
+            if self.rule.normalised_retrieval:
+                k, beta = self._delta_attention_normalization(k, beta, k_acc, None if z0 is None else z0.unsqueeze(2))
+            z = (k_acc[:, :, 0].clone() if z0 is None else z0.add_(k_acc[:, :, 0])).unsqueeze(2)
         else:
-            z = k.to(acc).cumsum(2) if z0 is None else z0.unsqueeze(2) + k.to(acc).cumsum(2)
+            z = k_acc.cumsum(2) if z0 is None else z0.unsqueeze(2) + k_acc.cumsum(2)
+            if self.rule.normalised_retrieval:
+                k, beta = self._delta_attention_normalization(k, beta, k_acc, _previous_sums(z, z0))
         if k.shape[2]:
             state.key_sum = z[:, :, -1]
-        if self.rule.normalised_retrieval:
-            k, beta = self._delta_attention_normalization(k, beta, z)
         return z, k, beta
 
     def _program(self, q, k, v, beta, log_decay, state, one_step):
@@ -306,17 +308,21 @@ class FastWeightAttention(nn.Module):
         state.memory.hold_(W)
         return out
 
-    def _delta_attention_normalization(self, k, beta, z):
+    def _delta_attention_normalization(self, k, beta, k_acc, z_prev):
         """Eqs. 26-28: normalise the retrieval vbar_t by d_t = z_{t-1} . phi(k_t).
 
         With k'_t = phi(k_t) / d_t and beta'_t = beta_t d_t, the delta update
         on (k', beta') retrieves W k_t / d_t and writes the same change as the
         paper. d_t = 1 while nothing has been written yet (the first token).
+        z_prev: the sums z_{t-1} themselves (None: nothing written), never z_t - phi(k_t), whose
+        cancellation loses d_t where it is small against |z_t| |phi(k_t)|, and d_t scales the write by
+        d_t / (d_t + eps).
         """
-        k_acc = k.to(z.dtype)
-        z_prev = z - k_acc
-        d = (z_prev * k_acc).sum(-1)
-        d = torch.where(z_prev.sum(-1) > 0, d, torch.ones_like(d)).to(k.dtype)
+        if z_prev is None:
+            d = torch.ones_like(k_acc[..., 0])
+        else:
+            d = torch.where(z_prev.sum(-1) > 0, (z_prev * k_acc).sum(-1), 1.0)
+        d = d.to(k.dtype)
         return k / (d.unsqueeze(-1) + self.options.eps), beta * d
 
     # -- carry-over across segments (paper Table 4) ------------------------------
@@ -368,7 +374,7 @@ class FastWeightAttention(nn.Module):
                 self._set_input_buffer(incremental_state, state)
         out, normalizer = state.read_sources(q, self.options.attention_normalization)
         if normalizer is not None:  # Eq. 19
-            out = out / (normalizer + self.options.eps)
+            out = divided_by_normalizer(out, normalizer, self.options.eps)
         return self._finish(out, query)
 
     def _source_memory(self, key, key_padding_mask, state, factored):
@@ -406,6 +412,20 @@ class FastWeightAttention(nn.Module):
         return (f"causal={o.causal}, update_rule={o.update_rule}, qk_norm={o.qk_norm}, "
                 f"attention_normalization={o.attention_normalization}, output_scaling={o.output_scaling}, "
                 f"backend={o.backend}")
+
+
+def divided_by_normalizer(out, normalizer, eps):
+    """out / (normalizer + eps) (Eqs. 19, 28), and 0 where the normalizer z . phi(q) is 0: there phi(q) shares no
+    feature with any key written (the features are non-negative), so W phi(q) is 0 too, and so is every exact
+    gradient through it; dividing by eps alone would send 1 / eps times the output's gradient into the backward
+    passes, whose rounding then reaches the other positions."""
+    return torch.where(normalizer > 0, out / (normalizer + eps), 0.0)
+
+
+def _previous_sums(z, z0):
+    """z_{t-1} for every t of the running sums z ``[B, H, T, D]`` that started from z0 ``[B, H, D]`` (None: zeros)."""
+    first = torch.zeros_like(z[:, :, :1]) if z0 is None else z0.unsqueeze(2).to(z.dtype)
+    return torch.cat([first, z[:, :, :-1]], 2)
 
 
 def _step(x):

@@ -81,9 +81,9 @@ class _SumRuleChunked(torch.autograd.Function):
         # chunk's queries read it (Q_m^T dO_m) and so does the final state.
         qdo = _t(Q) @ dO if Q.shape[2] > 1 or ctx.needs_input_grad[3] else None
         dS_end = None
-        if Q.shape[2] > 1:
-            later = qdo.flip(2).cumsum(2).flip(2)
-            dS_end = later - qdo
+        if Q.shape[2] > 1:  # the sums over m > n, shifted (not the sums over m >= n less Q_n^T dO_n: rounding)
+            later = qdo[:, :, 1:].flip(2).cumsum(2).flip(2)
+            dS_end = torch.cat([later, torch.zeros_like(qdo[:, :, :1])], 2)
         if dS_final is not None:
             dS_end = dS_final.unsqueeze(2) if dS_end is None else dS_end + dS_final.unsqueeze(2)
         dA = (dO @ _t(V)).tril()
