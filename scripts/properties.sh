@@ -22,7 +22,7 @@ while (( $(date +%s) < deadline - 30 )); do
   seed=$RANDOM$RANDOM
   echo "[properties] round $round, seed $seed, $(( (deadline - $(date +%s)) / 60 )) min left"
   if FWP_PROPERTIES=long FWP_PROPERTIES_EXAMPLES=${EXAMPLES:-25} timeout $((deadline - $(date +%s))) \
-      .venv/bin/python -m pytest -q -p no:cacheprovider -n "$(nproc)" --hypothesis-seed="$seed" tests/properties \
+      .venv/bin/python -m pytest -q -p no:cacheprovider -n "$(nproc)" -m "not slow" --hypothesis-seed="$seed" tests/properties \
       "$@" > "$log/round-$round.txt" 2>&1; then
     tail -1 "$log/round-$round.txt"
   else

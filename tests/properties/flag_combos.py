@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fairseq_fwp.models.fwp_config import FastWeightConfig, registered_choices
 from fairseq_fwp.models.fwp_transformer_lm import FastWeightLanguageModelConfig
+from fairseq_fwp.ops import UPDATE_RULES
 
 # The integer and free-form flags: the values drawn (the defaults among them).
 VALUES = {
@@ -26,6 +27,12 @@ VALUES = {
 # Flags of the --fwp-* family that no model invariant draws, and why.
 NOT_DRAWN = {
     "fwp_sum_norm": "deprecated: --fwp-qk-norm says it (tests/test_flags_and_compat.py holds the two together)",
+}
+# Values that no model invariant draws, and why: a model runs on CPU tensors here, which these refuse at its
+# first forward (tests/test_fused_step.py and tests/test_fairseq_cli.py hold the refusals, naming the flag).
+NOT_DRAWN_VALUES = {
+    ("fwp_backend", "cuda"): "the csrc kernels run on CUDA tensors",
+    ("fwp_backend", "fla"): "fla runs on CUDA tensors (on the CPU only inside Triton's interpreter: the op harness)",
 }
 # fairseq's own flags that change what the fast-weight layers see, per architecture.
 FAIRSEQ_FLAGS = {
@@ -60,10 +67,29 @@ def values_of(field):
 
 
 def drawn_values(arch):
-    """{flag: the values a combination draws for it}, for every --fwp-* flag of the architecture but NOT_DRAWN's
-    (the registries read now)."""
-    return {f"--{dest.replace('_', '-')}": values_of(field) for dest, field in sorted(model_fields(arch).items())
-            if dest not in NOT_DRAWN}
+    """{flag: the values a combination draws for it}, for every --fwp-* flag of the architecture but NOT_DRAWN's,
+    without NOT_DRAWN_VALUES (the registries read now)."""
+    return {f"--{dest.replace('_', '-')}": tuple(v for v in values_of(field) if (dest, v) not in NOT_DRAWN_VALUES)
+            for dest, field in sorted(model_fields(arch).items()) if dest not in NOT_DRAWN}
+
+
+def family(rule):
+    """The family of a registered rule, which the model invariants each draw on their own: "product" (N writes
+    per token), "per-channel" (a decay or write strength per channel), "gated" (a decay per head), "delta" (a
+    write strength) or "sum"."""
+    if rule.substeps:
+        return "product"
+    if "channels" in (rule.decay, rule.write_strength):
+        return "per-channel"
+    return "gated" if rule.decay else "delta" if rule.write_strength else "sum"
+
+
+def families():
+    """{family: the names of its registered rules}, the registry read now."""
+    grouped = {}
+    for name, rule in UPDATE_RULES.items():
+        grouped.setdefault(family(rule), []).append(name)
+    return grouped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,28 +133,60 @@ def named_flags(combination, message):
     return [flag for flag in combination.flags if flag.startswith("--") and flag in message]
 
 
-def taken(combination):
+def taken(combination, keep=(), draw=None):
     """The combination with the flags its refusals name dropped, one at a time, until it is taken: a random
-    combination most of whose flags are valid together. A refusal that names none of its flags is an
-    AssertionError (the harness's first invariant)."""
+    combination most of whose flags are valid together. A refusal that names only flags of `keep` and flags
+    the combination leaves at their defaults gets one of those set (a value drawn with `draw`, a hypothesis
+    draw: silu features need --fwp-qk-norm l2); None where that cannot help. A refusal that names none of its
+    flags is an AssertionError (the harness's first invariant)."""
     message = refusal(combination)
-    while message is not None:
+    for _ in range(2 * len(drawn_values(combination.arch))):
+        if message is None:
+            return combination
         named = named_flags(combination, message)
         assert named, f"{combination.command()}: refused without naming one of its flags: {message}"
-        combination = combination.without(named[-1])
+        droppable = [flag for flag in named if flag not in keep]
+        if droppable:
+            combination = combination.without(droppable[-1])
+        else:
+            unset = [flag for flag, values in drawn_values(combination.arch).items()
+                     if flag in message and flag not in combination.flags]
+            if draw is None or not unset:
+                return None
+            flag = draw(st.sampled_from(unset))
+            combination = Combination(combination.arch, (flag, draw(st.sampled_from(drawn_values(combination.arch)[flag])),
+                                                         *combination.flags))
         message = refusal(combination)
-    return combination
+    return None
+
+
+# What a family's combination keeps (taken(keep=...)): its rule, its fast-weight map, its writes per token.
+FAMILY_FLAGS = ("--fwp-update-rule", "--fwp-feature-map", "--fwp-householder-steps")
+
+
+def fast_weight_maps():
+    """The registered feature maps but softmax (which keeps fairseq's attention)."""
+    return tuple(m for m in registered_choices()["fwp_feature_map"] if m != "softmax")
 
 
 @st.composite
-def combinations(draw, arch=None, fixed=()):
-    """A Combination: each --fwp-* flag given with probability about 1/3, a random value of it; each fairseq
-    flag of the architecture with probability 1/6; `fixed` (flag, value) pairs appended."""
-    arch = arch or draw(st.sampled_from(sorted(ARCHS)))
+def combinations(draw, archs=tuple(sorted(ARCHS)), family=None, feature_map=None):
+    """A Combination of one of `archs`: each --fwp-* flag given with probability about 1/3, a random value of it;
+    each fairseq flag of the architecture with probability 1/6. With a family (family()): a rule of the family
+    and a map other than softmax (`feature_map`, or drawn), always given, and N = 2 or 3 writes per token for
+    the product rules."""
+    arch = draw(st.sampled_from(archs))
+    values = drawn_values(arch)
+    fixed = []
+    if family is not None:
+        fixed = [("--fwp-update-rule", draw(st.sampled_from(families()[family]))),
+                 ("--fwp-feature-map", feature_map or draw(st.sampled_from(fast_weight_maps())))]
+        if family == "product":
+            fixed.append(("--fwp-householder-steps", draw(st.sampled_from(["2", "3"]))))
     flags = []
-    for flag, values in drawn_values(arch).items():
-        if draw(st.integers(0, 2)) == 0:
-            flags += [flag, draw(st.sampled_from(values))]
+    for flag, choices in values.items():
+        if flag not in dict(fixed) and draw(st.integers(0, 2)) == 0:
+            flags += [flag, draw(st.sampled_from(choices))]
     flags += [flag for flag in FAIRSEQ_FLAGS[arch] if draw(st.integers(0, 5)) == 0]
     for flag, value in fixed:
         flags += [flag, value]

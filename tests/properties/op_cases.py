@@ -14,14 +14,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
-from fairseq_fwp.ops import UPDATE_RULES
-from fairseq_fwp.ops.backends import BACKENDS
+from fairseq_fwp.ops import UPDATE_RULES, fla
+from fairseq_fwp.ops.backends import kernel_of
 
 # Sequence lengths: none, one, odd, and past two chunks of the chunked form (32 tokens for D <= 32, 64 above).
 LENGTHS = (0, 1, 2, 5, 17, 33, 70, 133)
-# The backends a case may name besides "reference" (its oracle): the GPU's, on a machine without one, refuse
-# CPU tensors (a refusal that cases check, not a comparison); fla runs on the CPU through Triton's interpreter.
-NAMED_BACKENDS = tuple(name for name in BACKENDS if name != "reference")
 DECAY_FORMS = ("decay", "log_decay")
 # How a case's decays are drawn (OpCase.gate): strong ones, full forgets (a = 0), far below float32's range.
 FORGETS = ("none", "some zeros", "zeros in a row", "small", "very negative logs", "the lowest float")
@@ -60,9 +57,11 @@ class OpCase:
         k = F.normalize(k, dim=-1) if rule.write_strength else k.sigmoid() / self.D  # stable writes, either rule
         v = randn(self.B, self.H, self.T, *writes, self.Dv)
         beta = None
-        if rule.write_strength:
-            per = (self.D + self.Dv,) if rule.write_strength == "channels" else ()
-            beta = self.beta_scale * torch.rand(self.B, self.H, self.T, *writes, *per, generator=g, dtype=torch.float64)
+        if rule.write_strength == "channels":  # erase gates (the first D) up to beta_scale, write gates up to 1
+            beta = torch.rand(self.B, self.H, self.T, *writes, self.D + self.Dv, generator=g, dtype=torch.float64)
+            beta = torch.cat([self.beta_scale * beta[..., :self.D], beta[..., self.D:]], -1)
+        elif rule.write_strength:
+            beta = self.beta_scale * torch.rand(self.B, self.H, self.T, *writes, generator=g, dtype=torch.float64)
         state = randn(self.B, self.H, self.Dv, self.D) if self.with_state else None
         tensors = {"q": q, "k": k, "v": v, "beta": beta, "state": state}
         if rule.decay:
@@ -94,20 +93,32 @@ class OpCase:
         return log_a
 
 
-@st.composite
-def op_cases(draw, backends=NAMED_BACKENDS, max_T=None):
-    """An OpCase of a rule registered when it is drawn."""
-    rule = draw(st.sampled_from(sorted(UPDATE_RULES)))
+def backends_here(rule, with_reference=True):
+    """The backends that run `rule` on CPU tensors here, which a case names: "auto", those the rule has a kernel
+    for (fla's through Triton's interpreter, where it is on), and "reference" (with_reference). The csrc
+    kernels run on CUDA tensors only: their refusals of CPU tensors are tests of their own (tests/test_ops.py)."""
     spec = UPDATE_RULES[rule]
-    lengths = [T for T in LENGTHS if max_T is None or T <= max_T]
+    named = [name for name in ("chunked", "fla") if kernel_of(name, spec) is not None
+             and (name != "fla" or fla.interpreting())]
+    return ("auto", *named, *(("reference",) if with_reference else ()))
+
+
+@st.composite
+def op_cases(draw, rule, backends, max_T=None):
+    """An OpCase of the registered rule `rule`, naming one of `backends`."""
+    spec = UPDATE_RULES[rule]
+    backend = draw(st.sampled_from(backends))
+    interpreted = backend == "fla" and fla.interpreting()  # Triton's interpreter: seconds per call past 17 tokens
+    max_T = min(max_T or LENGTHS[-1], 17 if interpreted else LENGTHS[-1])
     householder_negative = spec.householder and draw(st.booleans())
     return OpCase(
-        rule=rule, B=draw(st.integers(1, 2)), H=draw(st.integers(1, 2)), T=draw(st.sampled_from(lengths)),
+        rule=rule, B=draw(st.integers(1, 2)), H=draw(st.integers(1, 2)),
+        T=draw(st.sampled_from([T for T in LENGTHS if T <= max_T])),
         D=draw(st.one_of(st.integers(1, 9), st.just(40))), Dv=draw(st.integers(1, 7)), N=draw(st.integers(2, 3)) if spec.substeps else 1,
-        dtype=draw(st.sampled_from([torch.float64, torch.float32])), with_state=draw(st.booleans()),
-        backend=draw(st.sampled_from(backends)),
+        dtype=draw(st.sampled_from([torch.float32] if backend == "fla" else [torch.float64, torch.float32])),
+        with_state=draw(st.booleans()), backend=backend,
         decay_form=draw(st.sampled_from(DECAY_FORMS)) if spec.decay else None,
         forgets=draw(st.sampled_from(FORGETS)) if spec.decay else "none",
         decay_scale=draw(st.sampled_from([0.5, 3.0, 6.0])),
-        beta_scale=2.0 if householder_negative and spec.write_strength is True else 1.0,
+        beta_scale=2.0 if householder_negative else 1.0,
         seed=draw(st.integers(0, 2**16)))

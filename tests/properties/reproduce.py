@@ -3,7 +3,8 @@
     .venv/bin/python tests/properties/reproduce.py INVARIANT --arch lm --seed 7 [--draw 5] -- --fwp-update-rule delta ...
     .venv/bin/python tests/properties/reproduce.py INVARIANT --case "OpCase(rule='delta', ...)"
 
-It raises the invariant's AssertionError (or the error it met), or prints that the example passes.
+It raises the invariant's AssertionError (or the error it met), or prints that the example passes, or that it
+has nothing to check (nothing_to_check.py: an example the property tests reject).
 """
 import argparse
 import os
@@ -23,6 +24,7 @@ import torch  # noqa: E402
 import model_invariants  # noqa: E402
 import op_invariants  # noqa: E402
 from flag_combos import Combination  # noqa: E402
+from nothing_to_check import NothingToCheck  # noqa: E402
 from op_cases import OpCase  # noqa: E402
 
 INVARIANTS = {f.__name__: f for f in (*op_invariants.OP_INVARIANTS, *model_invariants.MODEL_INVARIANTS)}
@@ -52,11 +54,15 @@ def main(argv=None):
     parser.add_argument("--case", help="an op case, as a failure prints it")
     args = parser.parse_args(argv[:split])
     invariant = INVARIANTS[args.invariant]
-    if args.case:
-        invariant(eval(args.case, {"OpCase": OpCase, "torch": torch}))
-    else:
-        draws = [DRAWS[d] if d in DRAWS else int(d) for d in args.draw]
-        invariant(Combination(args.arch, tuple(argv[split + 1:])), args.seed, *draws)
+    try:
+        if args.case:
+            invariant(eval(args.case, {"OpCase": OpCase, "torch": torch}))
+        else:
+            draws = [DRAWS[d] if d in DRAWS else int(d) for d in args.draw]
+            invariant(Combination(args.arch, tuple(argv[split + 1:])), args.seed, *draws)
+    except NothingToCheck as why:
+        print(f"{args.invariant}: nothing to check on this example ({why})")
+        return
     print(f"{args.invariant}: passes on this example")
 
 

@@ -1,15 +1,19 @@
 """The models' invariants (model_invariants.py) over random --fwp-* combinations (flag_combos.py) of the
-translation model and the LM: the first invariant on the combination as drawn, the others on what is taken
-of it (flag_combos.taken: the flags its refusals name dropped). A combination whose backend cannot run on
-this machine is refused at its first forward, naming the flag, and hypothesis draws another."""
+translation model and the LM, each invariant on each family of registered rules (flag_combos.family: a new
+rule joins its family by being registered) with a fast-weight feature map: the first invariant on the
+combination as drawn, the others on what is taken of it (flag_combos.taken: the flags its refusals name
+dropped, but the family's own). An example that checks nothing (no fast-weight layer where the invariant is
+about one, a combination that cannot keep its family's flags) is rejected, not counted, and each test fails
+unless enough of its examples checked what it states."""
 import pytest
 import torch
-from hypothesis import HealthCheck, given, note, reject, settings
+from hypothesis import HealthCheck, event, given, note, reject, settings
 from hypothesis import strategies as st
 
 import model_invariants as invariants
-from conftest import examples
-from flag_combos import combinations, taken
+from conftest import assert_reached, examples
+from flag_combos import ARCHS, FAMILY_FLAGS, combinations, families, fast_weight_maps, taken
+from nothing_to_check import NothingToCheck
 from reproduce import model_command
 
 SEEDS = st.integers(0, 2**16)
@@ -18,20 +22,44 @@ EXTRA = {invariants.decoding_equals_the_full_forward: st.sampled_from([None, 2, 
          invariants.the_fused_step_decodes_as_the_rules_own: st.sampled_from([torch.float32, torch.float64]),
          invariants.a_prompt_in_one_call_then_single_tokens_equals_the_full_forward: st.integers(1, 7),
          invariants.two_carried_segments_equal_one_long_one: st.integers(1, 8)}
+# the architectures an invariant is about, where not both
+ONLY = {invariants.a_left_padded_source_computes_what_it_computes_alone: ("translation",)}
 
 
-@pytest.mark.parametrize("invariant", invariants.MODEL_INVARIANTS, ids=lambda f: f.__name__)
-@settings(max_examples=examples(8), suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
-@given(data=st.data())
-def test_every_combination_of_flags(invariant, data):
-    combination = data.draw(combinations(), label="combination")
-    if invariant is not invariants.refused_naming_a_flag_or_built:
-        combination = taken(combination)
-        note(f"taken: {combination.command()}")
-    extra = [data.draw(EXTRA[invariant], label="draw")] if invariant in EXTRA else []
-    seed = data.draw(SEEDS, label="seed")
-    note(f"reproduce: {model_command(invariant, combination, seed, extra)}")
-    try:
-        invariant(combination, seed, *extra)
-    except invariants.Refused:
-        reject()
+# the invariants drawn on each feature map of each family (the others draw the map): the backends' numerics
+# differ by map (DPFP's disjoint supports)
+BY_MAP = (invariants.the_backend_gives_the_references_outputs_and_gradients,)
+CASES = [(invariant, family, feature_map) for invariant in invariants.MODEL_INVARIANTS for family in sorted(families())
+         for feature_map in (fast_weight_maps() if invariant in BY_MAP else (None,))]
+
+
+@pytest.mark.parametrize("invariant, family, feature_map", CASES,
+                         ids=[f"{i.__name__}-{f}" + (f"-{m}" if m else "") for i, f, m in CASES])
+def test_every_combination_of_flags(invariant, family, feature_map):
+    checked = []
+
+    @settings(max_examples=examples(2 if feature_map else 3),
+              suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+    @given(data=st.data())
+    def holds(data):
+        combination = data.draw(combinations(ONLY.get(invariant, tuple(sorted(ARCHS))), family, feature_map),
+                                label="combination")
+        if invariant is not invariants.refused_naming_a_flag_or_built:
+            combination = taken(combination, keep=FAMILY_FLAGS, draw=data.draw)
+            if combination is None:
+                event("nothing to check: refused for the family's own flags")
+                reject()
+            note(f"taken: {combination.command()}")
+        extra = [data.draw(EXTRA[invariant], label="draw")] if invariant in EXTRA else []
+        seed = data.draw(SEEDS, label="seed")
+        note(f"reproduce: {model_command(invariant, combination, seed, extra)}")
+        try:
+            invariant(combination, seed, *extra)
+        except NothingToCheck as why:
+            event(f"nothing to check: {why}")
+            reject()
+        checked.append(combination)
+
+    holds()
+    assert_reached(checked, f"{invariant.__name__} on the {family} rules" + (f" with {feature_map}" if feature_map else ""),
+                   minimum=2)

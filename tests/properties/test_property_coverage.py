@@ -1,6 +1,7 @@
-"""The harness covers what can be chosen: every registered update rule and feature map (drawn from the
-registries when a case is drawn, a new registration included), every --fwp-* flag of both architectures
-and each of its values."""
+"""The harness covers what can be chosen: every registered update rule (each op invariant is a test per rule,
+each model invariant a test per family of rules: test_op_properties.py, test_model_properties.py, which also
+check what their examples reach), every feature map, every --fwp-* flag of both architectures and each of its
+values; a rule and a map registered later join the draws."""
 import pytest
 from hypothesis import find, settings
 
@@ -8,8 +9,9 @@ from fairseq_fwp.modules.feature_maps import FEATURE_MAPS, FeatureMap, register_
 from fairseq_fwp.ops import UPDATE_RULES
 from fairseq_fwp.ops.rules.delta import DeltaRule
 from fairseq_fwp.ops.rules import register_update_rule
-from flag_combos import ARCHS, NOT_DRAWN, drawn_values, model_fields
-from op_cases import op_cases
+from flag_combos import ARCHS, NOT_DRAWN, NOT_DRAWN_VALUES, drawn_values, families, fast_weight_maps, model_fields
+from op_cases import backends_here, op_cases
+from op_invariants import OP_INVARIANTS
 
 SEARCH = settings(max_examples=2000, database=None)
 
@@ -35,9 +37,11 @@ def a_new_rule_and_map():
     del UPDATE_RULES["coverage-rule"], FEATURE_MAPS["coverage-map"]
 
 
-def test_every_registered_rule_is_drawn_by_the_op_cases_a_new_one_too(a_new_rule_and_map):
-    drawn = set()  # one search until every rule has been drawn (a search per rule drew each rule's ~15 times over)
-    find(op_cases(), lambda case: drawn.add(case.rule) or drawn >= set(UPDATE_RULES), settings=SEARCH)
+def test_a_new_rule_and_map_join_the_draws_and_every_op_invariant_checks_the_rule(a_new_rule_and_map):
+    assert "coverage-rule" in families()["delta"] and "coverage-map" in fast_weight_maps()
+    case = find(op_cases("coverage-rule", backends_here("coverage-rule")), lambda c: c.T > 1, settings=SEARCH)
+    for invariant in OP_INVARIANTS:
+        invariant(case)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -52,7 +56,8 @@ def test_every_flag_and_each_of_its_values_is_drawn_a_new_rule_and_map_too(arch,
     for dest, field in fields.items():
         choices = getattr(field.type, "__members__", None)
         if choices is not None and dest not in NOT_DRAWN:
-            assert set(drawn[f"--{dest.replace('_', '-')}"]) == {str(m.value) for m in choices.values()}, dest
+            left_out = {value for name, value in NOT_DRAWN_VALUES if name == dest}
+            assert set(drawn[f"--{dest.replace('_', '-')}"]) == {str(m.value) for m in choices.values()} - left_out
 
 
 def test_a_failures_command_lines_rerun_its_example(capsys):
@@ -64,7 +69,7 @@ def test_a_failures_command_lines_rerun_its_example(capsys):
     from model_invariants import decoding_equals_the_full_forward
     from op_invariants import state_alone_is_the_sequences_final_state
 
-    case = find(op_cases(), lambda c: c.rule == "delta" and c.T > 1, settings=SEARCH)
+    case = find(op_cases("delta", backends_here("delta")), lambda c: c.T > 1, settings=SEARCH)
     lines = [reproduce.op_command(state_alone_is_the_sequences_final_state, case),
              reproduce.model_command(decoding_equals_the_full_forward,
                                      Combination("lm", ("--fwp-update-rule", "delta")), 7, [2])]
@@ -82,6 +87,6 @@ def test_a_reproduction_raises_what_the_invariant_raises(monkeypatch):
         raise AssertionError(f"rejected {case.rule} at T = {case.T}")
 
     monkeypatch.setitem(reproduce.INVARIANTS, "rejects", rejects)
-    case = find(op_cases(), lambda c: c.T > 1, settings=SEARCH)
+    case = find(op_cases("sum", backends_here("sum")), lambda c: c.T > 1, settings=SEARCH)
     with pytest.raises(AssertionError, match=f"rejected {case.rule} at T = {case.T}"):
         reproduce.main(["rejects", "--case", repr(case)])
