@@ -188,6 +188,76 @@ def random_tokens(d, lengths, seed=0, left_pad=True):
     return tokens
 
 
+# -- language-model generation: a prompt read in one call against forcing ---------------------
+
+
+def prompts(d, lengths, seed=0):
+    """fairseq's LM generation input for prompts of `lengths` tokens: (the sample, whose src_tokens are each
+    prompt after </s>, and prefix_tokens, the prompts), both right-padded as fairseq pads them."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.full((len(lengths), max(lengths)), d.pad())
+    for row, length in enumerate(lengths):
+        prefix[row, :length] = torch.randint(d.nspecial, len(d), (length,), generator=g)
+    src = torch.cat([torch.full((len(lengths), 1), d.eos()), prefix], 1)
+    return {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([n + 1 for n in lengths])}}, prefix
+
+
+@contextlib.contextmanager
+def softmax_in_the_models_dtype():
+    """fairseq's softmax and log_softmax compute in float32 whatever the model's dtype (the output's, and a
+    softmax layer's attention): in the model's here, so that a float64 model's generated scores are float64
+    too (SequenceGenerator keeps them in the log-probabilities' dtype)."""
+    from unittest import mock
+
+    from fairseq import utils
+
+    with mock.patch.object(utils, "log_softmax", lambda x, dim, onnx_trace=False: torch.log_softmax(x, dim=dim)), \
+            mock.patch.object(utils, "softmax", lambda x, dim, onnx_trace=False: torch.softmax(x, dim=dim)):
+        yield
+
+
+def generated(generator_class, model, d, sample, prefix, seed=0, search_options=(), **options):
+    """generator_class([model], d, ...).generate with prefix_tokens, torch's generator seeded first (sampling);
+    search_options: beam_size, or sampling=True with sampling_topk."""
+    from fairseq import search
+
+    options = {**dict(search_options), **options}
+    if options.pop("sampling", False):
+        options["search_strategy"] = search.Sampling(d, sampling_topk=options.pop("sampling_topk"))
+    generator = generator_class([model], d, **options)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return generator.generate([model], sample, prefix_tokens=prefix)
+
+
+def teacher_forced(model, d, tokens):
+    """The model's log-probability of each of `tokens` after </s> and the ones before it (a full forward)."""
+    inputs = torch.cat([tokens.new_tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
+    with torch.no_grad():
+        lprobs = model.get_normalized_probs(model(inputs), log_probs=True)[0]
+    return lprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+def assert_generates_what_forcing_does(model, d, sample, prefix, tolerance=1e-9, **options):
+    """FastWeightSequenceGenerator gives the tokens of fairseq's SequenceGenerator (which forces the prompt
+    one token per step), and positional scores that are the model's teacher-forced log-probabilities (in
+    float64, under softmax_in_the_models_dtype). Returns its generations."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator
+
+    forced = generated(SequenceGenerator, model, d, sample, prefix, **options)
+    read = generated(FastWeightSequenceGenerator, model, d, sample, prefix, **options)
+    for sentence_forced, sentence_read in zip(forced, read):
+        assert len(sentence_forced) == len(sentence_read)
+        for hypothesis_forced, hypothesis in zip(sentence_forced, sentence_read):
+            assert torch.equal(hypothesis["tokens"], hypothesis_forced["tokens"]), "not the tokens of forcing"
+            scores, want = hypothesis["positional_scores"], teacher_forced(model, d, hypothesis["tokens"])
+            difference = (scores - want).abs().max().item()
+            assert difference <= tolerance, f"positional scores {difference:.3g} off the teacher-forced ones"
+    return read
+
+
 # -- a web server for the downloads ----------------------------------------------------------
 
 

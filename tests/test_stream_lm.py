@@ -230,6 +230,25 @@ def test_a_model_without_positions_takes_segments_of_any_length(tmp_path):
         model(torch.full((2, 128), task.dictionary.index("w1")))
 
 
+def test_a_model_with_positions_restarts_them_every_segment_and_generates_past_them(tmp_path):
+    """fwp_stream_lm restarts positions every segment: the model it builds keeps that (--fwp-position-period, in
+    its config, which its checkpoint saves), and generates through the task (the hub's and fairseq-interactive's
+    path: language_modeling's inference) past its 8 positions, a 12-token prompt read in one call."""
+    import argparse
+
+    from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator
+
+    task, args = stream_task(tmp_path, "--fwp-positions", "on", "--tokens-per-sample", "8", "--max-target-positions", "8")
+    model = task.build_model(args).eval()
+    assert model.decoder.position_period == 8 and args.fwp_position_period == 8
+    generator = task.build_generator([model], argparse.Namespace(beam=2, max_len_b=30, min_len=30))
+    assert isinstance(generator, FastWeightSequenceGenerator)
+    prompt = torch.tensor([task.dictionary.index(f"w{i % 9}") for i in range(12)])
+    dataset = task.build_dataset_for_inference([prompt], [len(prompt)])
+    hypotheses = task.inference_step(generator, [model], dataset.collater([dataset[0]]))
+    assert len(hypotheses[0][0]["tokens"]) == 31 and torch.equal(hypotheses[0][0]["tokens"][:12], prompt)
+
+
 def test_random_stream_offsets_move_training_streams_per_epoch(lm_data):
     from fairseq import tasks
     from helpers import parse_args

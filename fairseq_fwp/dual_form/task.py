@@ -4,7 +4,7 @@
         --dual-form-record decoder.layers.1.fc1,decoder.layers.1.fc2 --dual-form-dir DIR \\
         --optimizer sgd --lr 1.0 ...
 
-Without --dual-form-record it is exactly language_modeling. With it, the
+Without --dual-form-record it is exactly fwp_language_modeling. With it, the
 named nn.Linear layers get hooks (recorder.py) and every update is written
 to DIR (storage.py) just before the optimizer applies it. Settings under
 which the record would not be exact are refused at startup (exactness.py).
@@ -16,9 +16,10 @@ from typing import Optional
 from fairseq.data import TokenBlockDataset
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
-from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
+from fairseq.tasks.language_modeling import LanguageModelingConfig
 from omegaconf import II
 
+from ..tasks.language_modeling import FastWeightLanguageModelingTask
 from .exactness import check_training_config
 from .recorder import DualFormRecorder
 from .storage import STORAGE_DTYPES
@@ -45,7 +46,7 @@ class DualFormLanguageModelingConfig(LanguageModelingConfig):
 
 
 @register_task("dual_form_language_modeling", dataclass=DualFormLanguageModelingConfig)
-class DualFormLanguageModelingTask(LanguageModelingTask):
+class DualFormLanguageModelingTask(FastWeightLanguageModelingTask):
     recorder = None
 
     def build_model(self, args, from_checkpoint=False):

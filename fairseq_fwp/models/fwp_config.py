@@ -144,6 +144,7 @@ def finish_parser(parser):
     reject out-of-range values at parse time, and mark --fwp-sum-norm's values as given on the command line."""
     checks = {"fwp_dpfp_nu": _at_least(1), "fwp_performer_features": _at_least(0),
               "fwp_performer_redraw": _at_least(0), "fwp_short_conv": _kernel_size, "fwp_householder_steps": _at_least(1),
+              "fwp_position_period": _at_least(0),
               "fwp_softmax_layers": _layer_list, "fwp_sum_norm": GivenOnCommandLine}
     choices = registered_choices()
     for action in parser._actions:

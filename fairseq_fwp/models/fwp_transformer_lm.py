@@ -21,6 +21,10 @@ logger = logging.getLogger(__name__)
 class FastWeightLanguageModelConfig(TransformerLanguageModelConfig, FastWeightConfig):
     fwp_positions: ChoiceEnum(ON_OFF) = field(
         default="off", metadata={"help": "token positional embeddings (the paper's best LM has none)"})
+    fwp_position_period: int = field(
+        default=0, metadata={"help": "positions restart every N tokens (0: never), as fwp_stream_lm's segments "
+                                      "restart them, so that the model reads and generates past its positions; "
+                                      "fwp_stream_lm sets it to --tokens-per-sample for a model with positions"})
 
 
 @register_model("fwp_transformer_lm", dataclass=FastWeightLanguageModelConfig)
@@ -32,14 +36,15 @@ class FastWeightTransformerLanguageModel(FastWeightModel, TransformerLanguageMod
 
     @classmethod
     def build_model(cls, args, task):
-        plan = validate(args, {"decoder": args.decoder_layers})
+        plan = validate_lm(args)
         cls.settle_options(args)
         # fairseq's LM builder hard-codes its own decoder class; let it resolve
         # the (adaptive) input embeddings, then build the fast-weight decoder
         # around them. The throw-away decoder costs one extra initialisation.
         embed_tokens = super().build_model(args, task).decoder.embed_tokens
         decoder = FastWeightTransformerDecoder(transformer_config(args), plan, task.target_dictionary, embed_tokens,
-                                               no_encoder_attn=True)
+                                               no_encoder_attn=True,
+                                               position_period=getattr(args, "fwp_position_period", 0) or None)
         return cls.finish(cls(decoder))
 
     @classmethod
@@ -50,6 +55,23 @@ class FastWeightTransformerLanguageModel(FastWeightModel, TransformerLanguageMod
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         drop_normformer_modules_not_in(self, state_dict)
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+def validate_lm(args):
+    """validate() of the LM's flags, and --fwp-position-period's: it needs positions, and at most as many as it
+    numbers. Returns the AttentionPlan."""
+    plan = validate(args, {"decoder": args.decoder_layers})
+    period = getattr(args, "fwp_position_period", 0)
+    if period:
+        if args.fwp_positions == "off" or getattr(args, "no_token_positional_embeddings", False):
+            raise ValueError(f"--fwp-position-period {period}: the model has no positions to restart (--fwp-positions "
+                             "off, or --no-token-positional-embeddings)")
+        # fairseq's LM takes --tokens-per-sample for positions not given when it builds the model
+        positions = getattr(args, "max_target_positions", None) or getattr(args, "tokens_per_sample", None)
+        if positions is not None and period > positions:
+            raise ValueError(f"--fwp-position-period {period} is more than the model's {positions} positions "
+                             "(--max-target-positions)")
+    return plan
 
 
 NORMFORMER_MODULES = ("attn_ln", "ffn_layernorm", "c_attn", "w_resid")  # --scale-attn, -fc, -heads, -resids
@@ -100,7 +122,7 @@ def fwp_lm_tiny(args):
     """2 layers of width 64, for tests and the quickstart."""
     _lm_defaults(args, layers=2, dim=64, heads=4, ffn=128)
     base_lm_architecture(args)
-    validate(args, {"decoder": args.decoder_layers})
+    validate_lm(args)
 
 
 @register_model_architecture("fwp_transformer_lm", "fwp_lm_wiki103_small")
@@ -109,7 +131,7 @@ def fwp_lm_wiki103_small(args):
     _lm_defaults(args, layers=16, dim=128, heads=8, ffn=2048)
     _wiki103_defaults(args)
     base_lm_architecture(args)
-    validate(args, {"decoder": args.decoder_layers})
+    validate_lm(args)
 
 
 @register_model_architecture("fwp_transformer_lm", "fwp_lm_wiki103_medium")
@@ -118,4 +140,4 @@ def fwp_lm_wiki103_medium(args):
     _lm_defaults(args, layers=16, dim=256, heads=8, ffn=2048)
     _wiki103_defaults(args)
     base_lm_architecture(args)
-    validate(args, {"decoder": args.decoder_layers})
+    validate_lm(args)

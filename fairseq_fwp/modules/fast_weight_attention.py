@@ -225,7 +225,7 @@ class FastWeightAttention(nn.Module):
         if self.convolutions is not None:
             mask = None if keep is None else keep.t().unsqueeze(-1).to(x.dtype)  # [T, B, 1]
             caches = state.convolutions or (None,) * 3
-            results = [conv(inputs if mask is None else inputs * mask, cache)
+            results = [conv(inputs if mask is None else inputs * mask, cache, None if keep is None else keep.t())
                        for conv, inputs, cache in zip(self.convolutions.values(), projected, caches)]
             projected, state.convolutions = [y for y, _ in results], tuple(cache for _, cache in results)
         return projected

@@ -1,2 +1,2 @@
 """Registers the plugin's fairseq tasks (decorators run on import)."""
-from . import stream_lm  # noqa: F401
+from . import language_modeling, stream_lm  # noqa: F401

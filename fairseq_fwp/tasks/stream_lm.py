@@ -56,10 +56,13 @@ from fairseq.data.indexed_dataset import MMapIndexedDataset
 from fairseq.distributed import utils as distributed_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks.language_modeling import LanguageModelingTask
 from omegaconf import II
 
-from ..models.fwp_config import ON_OFF
+from ..models.fwp_config import ON_OFF, writable
 from ..modules.fast_weight_attention import FastWeightAttention
+from ..modules.transformer_layers import FastWeightTransformerDecoder
+from .prompt_reading import PromptReading
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +172,15 @@ class SegmentStarts:
 
 
 @register_task("fwp_stream_lm", dataclass=StreamLanguageModelingConfig)
-class StreamLanguageModelingTask(FairseqTask):
+class StreamLanguageModelingTask(PromptReading, FairseqTask):
+    # Generation reads a prompt as language_modeling does (its functions, which read the options as args)
+    build_dataset_for_inference = LanguageModelingTask.build_dataset_for_inference
+    inference_step = LanguageModelingTask.inference_step
+
+    @property
+    def args(self):
+        return self.cfg
+
     def __init__(self, cfg, dictionary):
         super().__init__(cfg)
         self.dictionary = dictionary
@@ -190,6 +201,7 @@ class StreamLanguageModelingTask(FairseqTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         self._check_segments_fit(model)
+        self._restart_positions_every_segment(cfg, model)
         layers = [m for m in model.modules() if isinstance(m, FastWeightAttention) and m.causal]
         if self.cfg.fwp_carry_over == "on":
             if not layers:
@@ -204,13 +216,25 @@ class StreamLanguageModelingTask(FairseqTask):
         """Positions restart in every segment, so a model with position embeddings must have one for each of
         a segment's tokens: past them a learned embedding has no row, and sinusoidal ones go on unchecked."""
         decoder = getattr(model, "decoder", None)
-        if getattr(decoder, "embed_positions", None) is None:
-            return  # no positions (the fwp_lm_* archs' default): segments of any length
+        if getattr(decoder, "embed_positions", None) is None or getattr(decoder, "position_period", None):
+            return  # no positions (the fwp_lm_* archs' default), or positions that restart: segments of any length
         positions = decoder.max_positions()
         if self.cfg.tokens_per_sample > positions:
             raise ValueError(f"--tokens-per-sample {self.cfg.tokens_per_sample} is longer than the model's {positions} "
                              "positions, which restart in every segment: lower --tokens-per-sample to at most "
                              f"{positions}, or give the model more positions (--max-target-positions)")
+
+    def _restart_positions_every_segment(self, cfg, model):
+        """A model with positions restarts them every segment here: its decoder, in every later use too (the
+        model's --fwp-position-period, which its checkpoint keeps), reads and generates past its positions as
+        it was trained, its fast weights carried."""
+        decoder = getattr(model, "decoder", None)
+        if not isinstance(decoder, FastWeightTransformerDecoder) or decoder.embed_positions is None \
+                or decoder.position_period is not None:
+            return
+        decoder.position_period = self.cfg.tokens_per_sample
+        with writable(cfg):
+            cfg.fwp_position_period = self.cfg.tokens_per_sample
 
     def prepare_checkpoint(self, trainer):
         """Before fairseq saves a checkpoint, on every rank (compat.py calls it): every rank's training

@@ -87,6 +87,8 @@ def convert(softmax_checkpoint, out, train_argv, transfer_steps=0, transfer_lr=D
         if hasattr(args, name):
             setattr(args, name, value)
     cfg = convert_namespace_to_omegaconf(args)
+    if cfg.task._name == "language_modeling":  # the same task, whose generation reads a prompt in one call
+        cfg.task._name = "fwp_language_modeling"
     torch.manual_seed(cfg.common.seed)  # the new parameters' initialisation, as fairseq-train would draw it
     checkpoint = checkpoint or read_checkpoint(softmax_checkpoint)
     task = tasks.setup_task(cfg.task)

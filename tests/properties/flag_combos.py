@@ -23,6 +23,7 @@ VALUES = {
     "fwp_performer_features": ("0", "3", "8"),
     "fwp_performer_redraw": ("0", "1", "2"),
     "fwp_softmax_layers": ("", "0", "1", "0,1"),
+    "fwp_position_period": ("0", "3"),
 }
 # Flags of the --fwp-* family that no model invariant draws, and why.
 NOT_DRAWN = {

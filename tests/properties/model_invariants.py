@@ -10,6 +10,7 @@ AssertionError, on the tiny translation model and the tiny LM:
   tokens), with the fused step and with the rule's own (--fwp-decoding-step is drawn);
 - the fused step decodes as the rule's own step, in float32 and in float64;
 - a prompt given to each causal fast-weight layer in one call, then single tokens, equals its full forward;
+- (LMs) generation with prompts read in one call gives forcing's tokens and the teacher-forced scores;
 - carry-over: two carried segments of each causal fast-weight layer equal one long one;
 - a left-padded source computes what it computes alone;
 - after a training step, on rows with padding: the combination's backend gives the reference's outputs and
@@ -32,7 +33,8 @@ from fairseq_fwp.modules import fast_weight_attention
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
 from fairseq_fwp.ops import BackendUnavailableError, memory
 from flag_combos import named_flags, refusal
-from helpers import build_lm_model, build_translation_model, random_tokens
+from helpers import (assert_generates_what_forcing_does, build_lm_model, build_translation_model, prompts,
+                     random_tokens, softmax_in_the_models_dtype)
 from nothing_to_check import NothingToCheck, require
 
 TOLERANCE = 2e-4
@@ -220,6 +222,25 @@ def a_prompt_in_one_call_then_single_tokens_equals_the_full_forward(combination,
         close(torch.cat([first, *rest]), full, f"layer {index}, a prompt of {prompt}")
 
 
+# the searches a generation invariant draws from
+SEARCHES = {"greedy": {"beam_size": 1}, "beam": {"beam_size": 3},
+            "sampling": {"beam_size": 2, "sampling": True, "sampling_topk": 4}}
+
+
+@runs_here
+def a_prompt_read_in_one_call_generates_what_forcing_does(combination, seed, search):
+    """(LM only: test_model_properties.ONLY) Prompts of different lengths, one of them empty, read in one call
+    (FastWeightSequenceGenerator): the tokens of fairseq's forcing, and the model's teacher-forced
+    log-probabilities as positional scores, in float64."""
+    model, d = build(combination)
+    model.double()
+    lengths = torch.randint(1, 9, (3,), generator=torch.Generator().manual_seed(seed)).tolist() + [0]
+    sample, prefix = prompts(d, lengths, seed)
+    with softmax_in_the_models_dtype():
+        assert_generates_what_forcing_does(model, d, sample, prefix, search_options=SEARCHES[search], max_len_b=14,
+                                           seed=seed)
+
+
 @runs_here
 def two_carried_segments_equal_one_long_one(combination, seed, cut):
     for index, layer, x, full in causal_layers_on_one_input(combination, seed, 9):
@@ -374,5 +395,6 @@ def a_checkpoint_reloads_and_decodes_the_same(combination, seed):
 MODEL_INVARIANTS = (refused_naming_a_flag_or_built, training_gives_finite_gradients_to_every_parameter, decoding_equals_the_full_forward,
                     the_fused_step_decodes_as_the_rules_own,
                     a_prompt_in_one_call_then_single_tokens_equals_the_full_forward,
+                    a_prompt_read_in_one_call_generates_what_forcing_does,
                     two_carried_segments_equal_one_long_one, a_left_padded_source_computes_what_it_computes_alone,
                     the_backend_gives_the_references_outputs_and_gradients, a_checkpoint_reloads_and_decodes_the_same)

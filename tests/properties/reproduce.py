@@ -58,7 +58,7 @@ def main(argv=None):
         if args.case:
             invariant(eval(args.case, {"OpCase": OpCase, "torch": torch}))
         else:
-            draws = [DRAWS[d] if d in DRAWS else int(d) for d in args.draw]
+            draws = [DRAWS[d] if d in DRAWS else int(d) if d.lstrip("-").isdigit() else d for d in args.draw]
             invariant(Combination(args.arch, tuple(argv[split + 1:])), args.seed, *draws)
     except NothingToCheck as why:
         print(f"{args.invariant}: nothing to check on this example ({why})")

@@ -21,9 +21,11 @@ SEEDS = st.integers(0, 2**16)
 EXTRA = {invariants.decoding_equals_the_full_forward: st.sampled_from([None, 2, 5]),  # factors held for ... tokens
          invariants.the_fused_step_decodes_as_the_rules_own: st.sampled_from([torch.float32, torch.float64]),
          invariants.a_prompt_in_one_call_then_single_tokens_equals_the_full_forward: st.integers(1, 7),
-         invariants.two_carried_segments_equal_one_long_one: st.integers(1, 8)}
+         invariants.two_carried_segments_equal_one_long_one: st.integers(1, 8),
+         invariants.a_prompt_read_in_one_call_generates_what_forcing_does: st.sampled_from(sorted(invariants.SEARCHES))}
 # the architectures an invariant is about, where not both
-ONLY = {invariants.a_left_padded_source_computes_what_it_computes_alone: ("translation",)}
+ONLY = {invariants.a_left_padded_source_computes_what_it_computes_alone: ("translation",),
+        invariants.a_prompt_read_in_one_call_generates_what_forcing_does: ("lm",)}
 
 
 # the invariants drawn on each feature map of each family (the others draw the map): the backends' numerics

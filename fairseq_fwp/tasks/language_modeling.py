@@ -1,0 +1,12 @@
+"""Task `fwp_language_modeling`: fairseq's `language_modeling` (the same options, data and scores), whose
+generation reads a prompt in one decoder call per layer (prompt_reading.py). fairseq's own task forces a
+prompt one token per step; give this one to fairseq-generate and fairseq-interactive instead."""
+from fairseq.tasks import register_task
+from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
+
+from .prompt_reading import PromptReading
+
+
+@register_task("fwp_language_modeling", dataclass=LanguageModelingConfig)
+class FastWeightLanguageModelingTask(PromptReading, LanguageModelingTask):
+    pass

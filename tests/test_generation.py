@@ -1,0 +1,137 @@
+"""Language-model generation with a prompt read in one decoder call (fairseq_fwp/sequence_generator.py; the
+decoder's multi-token incremental call, modules/transformer_layers.py) against fairseq's own forcing of it,
+one token per step: the same tokens, and positional scores that are the model's teacher-forced
+log-probabilities, in float64 (fairseq's scores are differences of running sums: 1e-3 off after a thousand
+tokens in float32, with fairseq's own models too)."""
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+
+from helpers import (assert_generates_what_forcing_does, build_lm_model, generated, prompts,  # noqa: E402
+                     softmax_in_the_models_dtype)
+from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator  # noqa: E402
+
+FAMILIES = {
+    "sum": ["--fwp-update-rule", "sum"],
+    "delta": [],  # the LM architectures' default
+    "gated, short convolutions, output gate": ["--fwp-update-rule", "gated-delta", "--fwp-short-conv", "4",
+                                               "--fwp-output-gate", "on"],
+    "per-channel": ["--fwp-update-rule", "kda"],
+    "product": ["--fwp-update-rule", "delta-product", "--fwp-householder-steps", "2"],
+    "hybrid with positions": ["--fwp-softmax-layers", "1", "--fwp-positions", "on"],
+    "dpfp with attention normalisation": ["--fwp-feature-map", "dpfp", "--fwp-update-rule", "sum", "--fwp-attn-norm",
+                                          "on", "--fwp-short-conv", "2"],
+}
+SEARCHES = {"greedy": dict(beam_size=1), "beam 4": dict(beam_size=4),
+            "seeded sampling": dict(beam_size=2, sampling=True, sampling_topk=5)}
+
+
+@pytest.fixture(autouse=True)
+def float64_scores():
+    with softmax_in_the_models_dtype():
+        yield
+
+
+def decoder_reads(model, monkeypatch):
+    """The number of tokens each decoder call reads (its prefix's width: the generators give the whole prefix)."""
+    widths, forward = [], type(model.decoder).forward
+
+    def noted(decoder, tokens, *args, **kwargs):
+        widths.append(tokens.size(1))
+        return forward(decoder, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(type(model.decoder), "forward", noted)
+    return widths
+
+
+@pytest.mark.parametrize("search_name", SEARCHES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prompt_read_in_one_call_generates_what_forcing_does(family, search_name):
+    """Prompts of 7, 2, 5 and 0 tokens (left-padded in the one call, the shorter rows reading their new tokens
+    while the longer still force theirs): the tokens of forcing, the teacher-forced log-probabilities."""
+    model, d = build_lm_model(*FAMILIES[family], seed=1)
+    model.double()
+    sample, prefix = prompts(d, [7, 2, 5, 0])
+    assert_generates_what_forcing_does(model, d, sample, prefix, search_options=SEARCHES[search_name], max_len_b=16, seed=3)
+
+
+def test_the_prompt_is_read_in_one_call_and_the_forced_steps_call_nothing(monkeypatch):
+    model, d = build_lm_model(seed=1)
+    sample, prefix = prompts(d, [6, 6])
+    widths = decoder_reads(model, monkeypatch)
+    generated(FastWeightSequenceGenerator, model, d, sample, prefix, max_len_b=10)
+    assert widths == [7] + list(range(8, 8 + len(widths) - 1))  # the prompt, then one token per step
+
+
+def test_an_lm_without_positions_generates_past_the_length_it_was_trained_on():
+    """fairseq capped generation at max_target_positions; without positions the state is the same size at
+    every length, and the length is what --max-len-b asks for."""
+    model, d = build_lm_model("--max-target-positions", "8", "--tokens-per-sample", "8", seed=2)
+    model.double()
+    sample, prefix = prompts(d, [3])
+    read = assert_generates_what_forcing_does(model, d, sample, prefix, search_options={"beam_size": 2}, max_len_b=30,
+                                    min_len=30)
+    assert len(read[0][0]["tokens"]) == 31  # 30 and </s>, far past 8
+
+
+def test_positions_that_restart_generate_past_them():
+    """--fwp-position-period (fwp_stream_lm's segments) numbers positions modulo the period, in the full
+    forward and in decoding alike."""
+    model, d = build_lm_model("--fwp-positions", "on", "--max-target-positions", "8", "--tokens-per-sample", "8",
+                              "--fwp-position-period", "8", seed=2)
+    model.double()
+    sample, prefix = prompts(d, [12, 5])  # a prompt past the positions too
+    read = assert_generates_what_forcing_does(model, d, sample, prefix, search_options={"beam_size": 2}, max_len_b=30,
+                                    min_len=30)
+    assert len(read[0][0]["tokens"]) == 31
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_positions_that_do_not_restart_are_refused_a_longer_generation_before_any_work(learned, monkeypatch):
+    extra = ["--decoder-learned-pos"] if learned else []
+    model, d = build_lm_model("--fwp-positions", "on", "--max-target-positions", "8", "--tokens-per-sample", "8",
+                              *extra, seed=2)
+    sample, prefix = prompts(d, [3])
+    widths = decoder_reads(model, monkeypatch)
+    with pytest.raises(ValueError, match=r"--max-len-b 30 ask for up to 30 tokens.* has 8 positions.*"
+                                         r"--fwp-position-period"):
+        generated(FastWeightSequenceGenerator, model, d, sample, prefix, max_len_b=30)
+    assert widths == []
+    generated(FastWeightSequenceGenerator, model, d, sample, prefix, max_len_b=7)  # within them: generates
+
+
+def test_a_decoder_call_that_gives_fewer_tokens_than_it_has_read_is_refused():
+    model, d = build_lm_model(seed=0)
+    state = {}
+    tokens = torch.full((1, 3), d.eos())
+    model.decoder(tokens, incremental_state=state)
+    with pytest.raises(ValueError, match="prev_output_tokens has 3 tokens, and the incremental state has read 3"):
+        model.decoder(tokens, incremental_state=state)
+
+
+def test_the_hub_samples_with_the_prompt_read_in_one_call(monkeypatch):
+    """GeneratorHubInterface.sample and generate build the task's generator: fwp_language_modeling's reads the
+    prompt in one call and gives what fairseq's language_modeling gives."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.hub_utils import GeneratorHubInterface
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    from fairseq_fwp.tasks.language_modeling import FastWeightLanguageModelingTask
+    from helpers import parse_args
+
+    model, d = build_lm_model("--fwp-update-rule", "gated-delta", "--fwp-short-conv", "4", seed=4)
+    model.double()
+    args = parse_args("fwp_language_modeling", "fwp_lm_tiny")
+    widths = decoder_reads(model, monkeypatch)
+    sampled, calls = {}, {}
+    for task_class in (LanguageModelingTask, FastWeightLanguageModelingTask):
+        hub = GeneratorHubInterface(convert_namespace_to_omegaconf(args), task_class(args, d), [model])
+        widths.clear()
+        torch.manual_seed(0)
+        sampled[task_class] = (hub.sample(["w3 w4 w5 w6 w7 w8 w9", "w1 w2"], beam=3, max_len_b=15),
+                               hub.sample("w5 w6 w7", sampling=True, sampling_topk=4, max_len_b=12))
+        calls[task_class] = list(widths)
+    assert sampled[FastWeightLanguageModelingTask] == sampled[LanguageModelingTask]
+    assert calls[FastWeightLanguageModelingTask][0] == 8  # </s> and the longer prompt's 7 words, in one call
+    assert calls[LanguageModelingTask][0] == 1
