@@ -1,23 +1,33 @@
 """FastWeightSequenceGenerator: fairseq's SequenceGenerator that reads a prompt in one decoder call.
 
-fairseq's generator forces a prompt (prefix_tokens) one token per step: every layer's whole step for every
-prompt token before the first new one. A fast-weight decoder (FastWeightTransformerDecoder) reads any number
-of tokens in one incremental call, each layer's chunked form over them, and leaves its state as the steps
-would. This generator reads every row's prompt at step 0 in one call, the rows left-padded to the longest
-(padding writes nothing), and keeps what the steps would have computed from it: each prompt token's
-log-probability and each row's distribution after its prompt. The steps that force a prompt token then
-serve those, without a decoder call; a row whose prompt has ended reads its new tokens one per step, a
-shorter row's while the longer ones are still served (those read padding: nothing). Everything else is
-fairseq's own loop, so the tokens and scores are forcing's (the log-probabilities computed in another order:
-equal to rounding).
+fairseq's generator forces a prompt (prefix_tokens) one token per step: every layer's whole step, and the
+generator's own work, for every prompt token before the first new one. A fast-weight decoder
+(FastWeightTransformerDecoder) reads any number of tokens in one incremental call, each layer's chunked form
+over them, and leaves its state as the steps would. This generator reads every row's prompt in one call,
+the rows left-padded to the longest (padding writes nothing), and keeps what the steps would have computed
+from it: each prompt token's log-probability and each row's distribution after its prompt.
 
+- The prompt positions that every row forces (the shortest prompt's) are not stepped through: fairseq's loop
+  starts after them, its lengths shifted by as many tokens, and each finished hypothesis gets them back
+  (its tokens, positional scores, and its score normalised by its whole length). Beam search (greedy
+  included) starts there as it does at its first step, from one hypothesis per sentence (the others
+  score -inf while the prompt is forced); sampling draws the random numbers of the skipped steps first,
+  so that a seeded run samples what forcing samples. Other searches (and an LM fused in, n-gram blocking,
+  outputs as long as the sources) step through every position.
+- A position where some rows still force their prompt is served without a decoder call; a row whose prompt
+  has ended reads its new tokens one per step (the others read padding: nothing).
+
+The tokens and scores are forcing's (its log-probabilities computed in another order: equal to rounding).
 The length limit is fairseq's (--max-len-a, --max-len-b; the prompt counts): a model without positions, or
 with positions that restart (--fwp-position-period), has none of its own; a model with positions that do not
 restart is refused a length past them before any work, where fairseq would cut it silently.
 """
+import contextlib
 import math
 
 import torch
+import torch.nn.functional as F
+from fairseq import search
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
 from .modules.transformer_layers import FastWeightTransformerDecoder
@@ -27,26 +37,29 @@ LOG_PROB_CHUNK = 256  # positions whose whole-vocabulary log-probabilities are h
 
 
 class PromptReadingEnsemble(EnsembleModel):
-    """fairseq's EnsembleModel whose forward_decoder serves a prompt read at step 0 (read_prompts)."""
+    """fairseq's EnsembleModel whose forward_decoder reads the prompts at the first step and then serves the
+    steps that force them (read_prompts)."""
 
     def __init__(self, models):
         super().__init__(models)
-        self.prompts = None
+        self.prompts = self.served = None
+        self.skipped = 0
 
     def reads_prompts(self):
-        return all(isinstance(getattr(m, "decoder", None), FastWeightTransformerDecoder) for m in self.models) \
-            and not self.has_encoder()
+        return not self.has_encoder() and all(
+            isinstance(getattr(m, "decoder", None), FastWeightTransformerDecoder) for m in self.models)
 
-    def read_prompts(self, prompts, lengths, steps):
-        """At the next step 0: every row reads its prompt, prompts ``[sentences, P]`` (left-aligned, padding
-        after), of `lengths` ``[sentences]`` tokens, before at most `steps` steps; None: fairseq's own steps."""
+    def read_prompts(self, prompts, lengths, steps, skipped=0):
+        """At the next first step: every row reads its prompt, prompts ``[sentences, P]`` (left-aligned,
+        padding after), of `lengths` ``[sentences]`` tokens, before at most `steps` more steps; the loop's
+        steps start `skipped` positions into them. None: fairseq's own steps."""
         self.prompts = None if prompts is None else (prompts, lengths, steps)
-        self.served = None
+        self.served, self.skipped = None, skipped
 
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
-        step = tokens.size(1) - 1
-        if step == 0 and self.prompts is not None:
-            return self._read(tokens, incremental_states, temperature), None
+        step = tokens.size(1) - 1 + self.skipped  # the position in the whole sequence
+        if self.prompts is not None:
+            self._read(tokens, incremental_states, temperature)
         if self.served is None:
             return super().forward_decoder(tokens, encoder_outs, incremental_states, temperature)
         served, lprobs = self.served, None
@@ -62,7 +75,7 @@ class PromptReadingEnsemble(EnsembleModel):
         return self.single_model.decoder.padding_idx
 
     def _read(self, tokens, incremental_states, temperature):
-        """Step 0: each row reads its bos and its prompt, left-padded to the longest, in one call per model."""
+        """Each row reads its bos and its prompt, left-padded to the longest, in one call per model."""
         prompts, lengths, steps = self.prompts
         self.prompts = None
         beam = tokens.size(0) // prompts.size(0)
@@ -74,17 +87,18 @@ class PromptReadingEnsemble(EnsembleModel):
         fed = bos_and_prompt.gather(1, (column - shift.unsqueeze(1)) % (longest + 1))  # each row moved right
         after_each = torch.cat([fed[:, 1:], fed[:, :1]], 1)  # the token after each column (the last: unused)
         chosen, after = self._log_probs(fed, incremental_states, temperature, targets=after_each)
-        # step i of row r forces its prompt's token i, read after column shift_r + i
+        # position i of row r forces its prompt's token i, read after column shift_r + i
         forced = chosen.gather(1, (shift.unsqueeze(1) + column[:longest]).clamp(max=longest))
         room = fed.new_full((rows, longest + 1 + steps), self._pad)  # and the columns the steps will read
         room[:, :longest + 1] = fed
         self.served = {"lengths": lengths, "forced": forced, "after": after, "prompts": prompts, "fed": room,
                        "width": longest + 1}
-        return self._served(0, None)
+        self.skipped_scores = forced[::beam, :self.skipped]  # per sentence, in the batch's order
 
     def _served(self, step, lprobs):
-        """Step `step`'s log-probabilities: a row still forcing its prompt gets its token's served, a row at its
-        prompt's end the distribution after it, the others `lprobs` (the decoder's)."""
+        """The log-probabilities at position `step`: a row still forcing its prompt gets its token's (the
+        others -inf, as forcing leaves them), a row at its prompt's end the distribution after it, the others
+        `lprobs` (the decoder's)."""
         served = self.served
         lengths, after = served["lengths"], served["after"]
         out = after.new_full(after.shape, -math.inf) if lprobs is None else lprobs
@@ -141,24 +155,88 @@ class FastWeightSequenceGenerator(SequenceGenerator):
 
     def __init__(self, models, tgt_dict, **kwargs):
         super().__init__(PromptReadingEnsemble(models), tgt_dict, **kwargs)
+        self._skipped_prompts = None
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
         src_tokens = sample["net_input"]["src_tokens"]
         requested = (int(sample["net_input"]["src_lengths"].max()) if self.match_source_len
                      else int(self.max_len_a * src_tokens.size(1) + self.max_len_b))
         self._check_length(requested)
-        prompts = lengths = None
-        if prefix_tokens is not None and self.model.reads_prompts():
-            given = prefix_tokens.ne(self.pad)
-            lengths = given.long().cumprod(1).sum(1)
-            if bool((given.sum(1) == lengths).all()):  # every row's prompt is a prefix: fairseq's right padding
-                lengths = lengths.clamp(max=min(requested, self.max_len - 1))  # forcing stops at the length limit
-                prompts = prefix_tokens[:, :int(lengths.max())]
-        self.model.read_prompts(prompts, lengths, steps=min(requested, self.max_len - 1) + 2)
+        max_len = min(requested, self.max_len - 1)
+        prompts, lengths = self._prompts(prefix_tokens, max_len)
+        skipped = int(lengths.min()) if prompts is not None and self._can_skip(constraints) else 0
+        self.model.read_prompts(prompts, lengths, max_len + 2, skipped)
+        self._skipped_prompts = prompts[:, :skipped] if skipped else None
         try:
-            return super()._generate(sample, prefix_tokens, constraints, bos_token)
+            with self._starting_after(skipped):
+                return super()._generate(sample, None if prefix_tokens is None or prefix_tokens.size(1) <= skipped
+                                         else prefix_tokens[:, skipped:], constraints, bos_token)
         finally:
             self.model.read_prompts(None, None, 0)
+            self._skipped_prompts = None
+
+    def _prompts(self, prefix_tokens, max_len):
+        """(prompts, their lengths) where every model reads prompts and every row's prompt is a prefix of its
+        prefix_tokens (fairseq's right padding), cut where forcing stops (the length limit); else (None, None)."""
+        if prefix_tokens is None or not self.model.reads_prompts():
+            return None, None
+        given = prefix_tokens.ne(self.pad)
+        lengths = given.long().cumprod(1).sum(1)
+        if not bool((given.sum(1) == lengths).all()):
+            return None, None
+        lengths = lengths.clamp(max=max_len)
+        return prefix_tokens[:, :int(lengths.max())], lengths
+
+    def _can_skip(self, constraints):
+        """Whether fairseq's loop may start after the prompt positions every row forces: a search that treats
+        them alike (beam search, sampling) and nothing else that reads the steps before (an LM fused in, n-gram
+        blocking, outputs as long as the sources, constraints)."""
+        return (type(self.search) in (search.BeamSearch, search.Sampling) and self.lm_model is None
+                and self.repeat_ngram_blocker is None and not self.match_source_len and constraints is None)
+
+    @contextlib.contextmanager
+    def _starting_after(self, skipped):
+        """fairseq's loop from position `skipped` on: its lengths shorter by as many tokens, and sampling's
+        steps numbered from there (its scores of the steps before: zero, whose values it only adds)."""
+        if not skipped:
+            yield
+            return
+        kept = self.max_len_b, self.max_len, self.min_len
+        self.max_len_b, self.max_len, self.min_len = self.max_len_b - skipped, self.max_len - skipped, \
+            max(self.min_len - skipped, 0)
+        if isinstance(self.search, search.Sampling):
+            self.search.step = _SamplingAfter(self.search, skipped, self)
+        try:
+            yield
+        finally:
+            self.max_len_b, self.max_len, self.min_len = kept
+            self.search.__dict__.pop("step", None)
+
+    def finalize_hypos(self, step, bbsz_idx, eos_scores, tokens, scores, finalized, finished, beam_size, attn,
+                       src_lengths, max_len):
+        before = [len(hypotheses) for hypotheses in finalized]
+        done = super().finalize_hypos(step, bbsz_idx, eos_scores, tokens, scores, finalized, finished, beam_size,
+                                      attn, src_lengths, max_len)
+        if self._skipped_prompts is not None:
+            for sentence, hypotheses in enumerate(finalized):
+                for hypothesis in hypotheses[before[sentence]:]:
+                    self._with_skipped_prompt(hypothesis, sentence)
+        return done
+
+    def _with_skipped_prompt(self, hypothesis, sentence):
+        """A hypothesis finished by the loop that started after the skipped prompt positions, made whole: their
+        tokens and scores before its own, and its score normalised by its whole length, as forcing's."""
+        prompt = self._skipped_prompts[sentence]
+        skipped = self.as_forced(self.model.skipped_scores[sentence], prompt).to(hypothesis["positional_scores"])
+        positional = torch.cat([skipped, hypothesis["positional_scores"]])
+        hypothesis["tokens"] = torch.cat([prompt, hypothesis["tokens"]])
+        hypothesis["positional_scores"] = positional
+        total = positional.sum()
+        hypothesis["score"] = total / len(positional) ** self.len_penalty if self.normalize_scores else total
+
+    def as_forced(self, log_probs, tokens):
+        """What forcing scores the tokens with log-probabilities `log_probs`: less the unknown word's penalty."""
+        return log_probs - self.unk_penalty * tokens.eq(self.unk).to(log_probs)
 
     def _check_length(self, requested):
         """fairseq cuts a generation silently at the models' positions: a fast-weight model with positions that
@@ -170,3 +248,28 @@ class FastWeightSequenceGenerator(SequenceGenerator):
                 f"prompt's included, and the model has {limit} positions: ask for at most {limit - 1}, or give its "
                 "positions a period (--fwp-position-period, which fwp_stream_lm sets to its segments' length: "
                 "finetune it there) so that it reads and generates past them with its fast weights carried")
+
+
+class _SamplingAfter:
+    """Sampling.step for a loop that starts `skipped` positions into the prompts: at its first step it first
+    draws what forcing's skipped steps drew (their forced distributions, from the prompts read), then every step
+    is numbered as in the whole sequence."""
+
+    def __init__(self, sampling, skipped, generator):
+        self.step, self.skipped, self.generator = type(sampling).step.__get__(sampling), skipped, generator
+        self.drawn = False
+
+    def __call__(self, step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None):
+        bsz, beam, _ = lprobs.shape
+        if not self.drawn:  # the random numbers of the skipped steps, as forcing drew them
+            self.drawn = True
+            served = self.generator.model.served
+            for skipped_step in range(self.skipped):
+                tokens = served["prompts"][:, skipped_step:skipped_step + 1]
+                forced = lprobs.new_full((bsz * beam, lprobs.size(2)), -math.inf)
+                forced.scatter_(1, tokens, self.generator.as_forced(served["forced"][:, skipped_step:skipped_step + 1],
+                                                                    tokens).to(lprobs))
+                self.step(skipped_step, forced.view(bsz, beam, -1), scores.new_zeros(bsz, beam, skipped_step),
+                          prev_output_tokens, original_batch_idxs)
+        return self.step(step + self.skipped, lprobs, F.pad(scores, (self.skipped, 0)), prev_output_tokens,
+                         original_batch_idxs)

@@ -8,6 +8,8 @@ import torch
 
 pytest.importorskip("fairseq")
 
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
 from helpers import (assert_generates_what_forcing_does, build_lm_model, generated, prompts,  # noqa: E402
                      softmax_in_the_models_dtype)
 from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator  # noqa: E402
@@ -45,15 +47,41 @@ def decoder_reads(model, monkeypatch):
     return widths
 
 
+# Prompts of different lengths, left-padded in the one call: fairseq's loop starts after the shortest's (3
+# tokens), or steps from the first position where one is empty; the shorter rows read their new tokens while
+# the longer still force theirs.
+PROMPT_LENGTHS = {"shortest 3": [7, 3, 5], "one empty": [7, 2, 5, 0]}
+
+
+@pytest.mark.parametrize("lengths", PROMPT_LENGTHS)
 @pytest.mark.parametrize("search_name", SEARCHES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_prompt_read_in_one_call_generates_what_forcing_does(family, search_name):
-    """Prompts of 7, 2, 5 and 0 tokens (left-padded in the one call, the shorter rows reading their new tokens
-    while the longer still force theirs): the tokens of forcing, the teacher-forced log-probabilities."""
+def test_a_prompt_read_in_one_call_generates_what_forcing_does(family, search_name, lengths):
+    """The tokens of forcing, and the teacher-forced log-probabilities as positional scores."""
     model, d = build_lm_model(*FAMILIES[family], seed=1)
     model.double()
-    sample, prefix = prompts(d, [7, 2, 5, 0])
-    assert_generates_what_forcing_does(model, d, sample, prefix, search_options=SEARCHES[search_name], max_len_b=16, seed=3)
+    sample, prefix = prompts(d, PROMPT_LENGTHS[lengths])
+    assert_generates_what_forcing_does(model, d, sample, prefix, search_options=SEARCHES[search_name], max_len_b=16,
+                                       seed=3)
+
+
+@pytest.mark.parametrize("search_name", ["beam 4", "seeded sampling"])
+def test_skipped_prompt_positions_keep_forcings_unknown_word_penalty_and_length_normalisation(search_name):
+    """An unknown word in the positions the loop skips: forcing scores it less --unkpen, and normalises each
+    hypothesis by its whole length (--lenpen)."""
+    model, d = build_lm_model(seed=5)
+    model.double()
+    sample, prefix = prompts(d, [6, 4])
+    prefix[:, 1] = d.unk()
+    sample["net_input"]["src_tokens"][:, 2] = d.unk()
+    options = dict(SEARCHES[search_name], unk_penalty=0.7, len_penalty=2.0, max_len_b=14)
+    forced, read = (generated(cls, model, d, sample, prefix, seed=1, search_options=options)
+                    for cls in (SequenceGenerator, FastWeightSequenceGenerator))
+    for sentence_forced, sentence_read in zip(forced, read):
+        for hypothesis_forced, hypothesis in zip(sentence_forced, sentence_read):
+            assert torch.equal(hypothesis["tokens"], hypothesis_forced["tokens"])
+            for key in ("positional_scores", "score"):
+                torch.testing.assert_close(hypothesis[key], hypothesis_forced[key], rtol=0, atol=1e-9)
 
 
 def test_the_prompt_is_read_in_one_call_and_the_forced_steps_call_nothing(monkeypatch):
@@ -135,3 +163,34 @@ def test_the_hub_samples_with_the_prompt_read_in_one_call(monkeypatch):
     assert sampled[FastWeightLanguageModelingTask] == sampled[LanguageModelingTask]
     assert calls[FastWeightLanguageModelingTask][0] == 8  # </s> and the longer prompt's 7 words, in one call
     assert calls[LanguageModelingTask][0] == 1
+
+
+@pytest.mark.slow
+def test_generate_and_interactive_with_fwp_language_modeling_give_what_language_modeling_gives(corpora, tmp_path):
+    """fairseq-generate (prompts: --prefix-size) and fairseq-interactive (prompts: the lines of --input) on a
+    trained LM: the same hypotheses with --task fwp_language_modeling as with fairseq's language_modeling, and
+    their positional scores as fairseq prints them (4 decimals of float32 scores)."""
+    import re
+
+    from examples.recipes.commands import PLUGIN_DIR, fairseq
+    from examples.recipes.pipeline import train_lm
+
+    train_lm(corpora["lm"], tmp_path, max_update=4)
+    checkpoint = str(tmp_path / "checkpoint_last.pt")
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("".join(open(f"{corpora['raw_lm']}/test.txt").readlines()[:4]))
+    runs = {"generate beam 4": ["generate", corpora["lm"], "--gen-subset", "test", "--prefix-size", 6, "--beam", 4,
+                                "--batch-size", 8],
+            "generate sampling": ["generate", corpora["lm"], "--gen-subset", "test", "--prefix-size", 3, "--sampling",
+                                  "--sampling-topk", 5, "--beam", 2, "--nbest", 2, "--seed", 7, "--batch-size", 8],
+            "interactive": ["interactive", corpora["lm"], "--input", str(prompt_file), "--beam", 3]}
+    for name, (command, *args) in runs.items():
+        outputs = {}
+        for task in ("language_modeling", "fwp_language_modeling"):
+            output = fairseq(command, *args, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--task", task,
+                             "--max-len-a", 1, "--max-len-b", 8)
+            outputs[task] = {"H": re.findall(r"^H-(\d+)\t\S+\t(.*)$", output, flags=re.M),
+                             "P": [list(map(float, p.split())) for p in re.findall(r"^P-\d+\t(.*)$", output, flags=re.M)]}
+        assert outputs["fwp_language_modeling"]["H"] == outputs["language_modeling"]["H"] != [], name
+        for got, want in zip(outputs["fwp_language_modeling"]["P"], outputs["language_modeling"]["P"]):
+            assert max(abs(a - b) for a, b in zip(got, want)) <= 2e-4, name
