@@ -397,6 +397,14 @@ def test_a_wmt19_lm_converts_and_reads_text_through_from_pretrained(wmt19_mirror
     # the lengths count the prompt's 8 subwords
     sampled = lm.sample("the cat sees", sampling=True, sampling_topk=5, min_len=12, max_len_b=20)
     assert sampled.startswith("the cat sees") and len(sampled.split()) > 3
+    # the converted checkpoint's task reads the prompt in one call, and samples what language_modeling's forcing does
+    from fairseq.hub_utils import GeneratorHubInterface
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    assert type(lm.task).__name__ == "FastWeightLanguageModelingTask"
+    forcing = GeneratorHubInterface(lm.cfg, LanguageModelingTask(lm.task.args, lm.task.dictionary), lm.models)
+    torch.manual_seed(0)
+    assert forcing.sample("the cat sees", sampling=True, sampling_topk=5, min_len=12, max_len_b=20) == sampled
     scores = lm.score("the cat sees a tree alone .")["positional_scores"]
     assert len(scores) > 7 and torch.all(scores < 0)  # a log-probability for each subword and </s>
 
