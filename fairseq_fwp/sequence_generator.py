@@ -119,21 +119,23 @@ class PromptReadingEnsemble(EnsembleModel):
         chosen, after = [], []
         for model, state in zip(self.models, incremental_states):
             features, extra = model.decoder(fed, incremental_state=state, features_only=True)
-            starts = range(0, features.size(1), LOG_PROB_CHUNK) if targets is not None else [features.size(1) - 1]
-            pieces = []
-            for start in starts:
-                lprobs = self._normalized(model, features[:, start:start + LOG_PROB_CHUNK], extra, temperature)
-                if targets is not None:
-                    pieces.append(lprobs.gather(2, targets[:, start:start + LOG_PROB_CHUNK].unsqueeze(2)).squeeze(2))
-            chosen.append(torch.cat(pieces, 1) if pieces else None)
-            after.append(lprobs[:, -1])
+            if targets is not None:
+                chosen.append(torch.cat([
+                    self._normalized(model, features[:, start:start + LOG_PROB_CHUNK], extra, temperature,
+                                     targets[:, start:start + LOG_PROB_CHUNK])
+                    .gather(2, targets[:, start:start + LOG_PROB_CHUNK].unsqueeze(2)).squeeze(2)
+                    for start in range(0, features.size(1), LOG_PROB_CHUNK)], 1))
+            after.append(self._normalized(model, features[:, -1:], extra, temperature)[:, -1])
         return (_combined(chosen) if targets is not None else None), _combined(after)
 
     @staticmethod
-    def _normalized(model, features, extra, temperature):
-        """fairseq's ensemble step on a decoder's features: the output layer, the temperature, the log-softmax."""
+    def _normalized(model, features, extra, temperature, targets=None):
+        """fairseq's ensemble step on a decoder's features: the output layer, the temperature, the log-softmax;
+        with `targets`, correct at them only (an adaptive softmax computes a tail cluster only where a target
+        falls in it)."""
         output = model.decoder.output_layer(features).div_(temperature)
-        return model.get_normalized_probs((output, extra), log_probs=True, sample=None)
+        return model.get_normalized_probs((output, extra), log_probs=True,
+                                          sample=None if targets is None else {"target": targets})
 
     def reorder_incremental_state(self, incremental_states, new_order):
         super().reorder_incremental_state(incremental_states, new_order)

@@ -24,6 +24,7 @@ FAMILIES = {
     "hybrid with positions": ["--fwp-softmax-layers", "1", "--fwp-positions", "on"],
     "dpfp with attention normalisation": ["--fwp-feature-map", "dpfp", "--fwp-update-rule", "sum", "--fwp-attn-norm",
                                           "on", "--fwp-short-conv", "2"],
+    "adaptive softmax": ["--adaptive-softmax-cutoff", "10,20"],  # the prompt's log-probabilities: only its words'
 }
 SEARCHES = {"greedy": dict(beam_size=1), "beam 4": dict(beam_size=4),
             "seeded sampling": dict(beam_size=2, sampling=True, sampling_topk=5)}
