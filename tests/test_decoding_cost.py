@@ -32,7 +32,8 @@ def test_a_fast_weight_state_stops_growing_once_it_is_held_as_W(dictionary, back
     model, cost = cost_of(dictionary, "--fwp-feature-map", "linear", "--fwp-update-rule", "delta", "--fwp-backend",
                           backend)
     W_bytes = model.decoder.num_layers * 2 * 4 * 16 * 16 * 4  # layers, batch, heads, D x Dv, float32
-    assert cost.state_bytes[8:] == [W_bytes] * (LENGTH + 1 - 8)
+    read_bytes = (1 + 2) * 8  # the decoder's count of tokens read: its length and each row's, int64
+    assert cost.state_bytes[8:] == [W_bytes + read_bytes] * (LENGTH + 1 - 8)
     assert cost.state_bytes[0] < W_bytes
 
 

@@ -47,8 +47,10 @@ def model_differences(saved, model):
     from ..ops.rules import update_rule
 
     defaults = {field.name: field.default for field in dataclasses.fields(FastWeightConfig)}
+    # fwp_position_period is not compared: fwp_stream_lm sets it on every positional model it trains (positions
+    # restart in each segment), and within a segment of its period the model computes as without it
     names = sorted({name for cfg in (saved, model) for name in (cfg.keys() if hasattr(cfg, "keys") else vars(cfg))
-                    if name.startswith("fwp_") and name != "fwp_sum_norm"})
+                    if name.startswith("fwp_") and name not in ("fwp_sum_norm", "fwp_position_period")})
 
     def value(cfg, name):
         given = getattr(cfg, name, None)
