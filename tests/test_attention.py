@@ -132,6 +132,27 @@ def test_beam_reorder_moves_the_state():
     torch.testing.assert_close(got[:, 0], want[:, 3], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fused", ["fused", "own"])
+def test_a_reorder_that_splits_the_beams_of_a_source_gives_each_row_its_source(fused):
+    """The beams of one source read one memory (state.py: rows_per_memory); a reorder after which the rows no
+    longer come in groups of one source (fairseq's beam search makes none, another search may) gives each row the
+    memory of its own source, with the fused read and the rule's own."""
+    model, d = build_translation_model(*flags("linear", "delta", "on"), "--fwp-decoding-step", fused)
+    src = random_tokens(d, [5, 7]).repeat_interleave(2, 0)  # two sources, two beams each: rows 0, 1 read source 0
+    prev = decoder_inputs(d, B=4, T=4)
+    order = torch.tensor([1, 2, 0, 3])  # the pairs of rows now read sources 0, 1 and 0, 1
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=src.ne(d.pad()).sum(1))
+        state = {}
+        for t in range(2):
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        enc = model.encoder.reorder_encoder_out(enc, order)
+        got = model.decoder(prev[order, :3], encoder_out=enc, incremental_state=state)[0]
+        want, _ = model(src[order], src[order].ne(d.pad()).sum(1), prev[order, :3])
+    torch.testing.assert_close(got[:, 0], want[:, 2], rtol=1e-5, atol=1e-5)
+
+
 def test_every_attention_site_is_replaced_and_softmax_is_the_baseline():
     model, _ = build_translation_model(*flags("dpfp", "delta", "on"))
     attns = [m for m in model.modules() if isinstance(m, FastWeightAttention)]

@@ -172,3 +172,10 @@ def test_sum_normalize_never_nan():
     torch.testing.assert_close(sum_normalize(y).sum(-1), torch.ones(3))
     torch.testing.assert_close(sum_normalize(y), y / y.sum(-1, keepdim=True))
     assert not math.isnan(sum_normalize(torch.zeros(1, 3)).sum().item())
+
+
+def test_sum_normalised_features_sum_to_one_however_small_their_sum():
+    """Eq. 29 divides by the sum itself: eps only bounds the sum of an all-zero vector from below (DPFP's features
+    are products of ReLUs: a small input's sum is its square)."""
+    y = torch.rand(3, 5, dtype=torch.float64) * 1e-4
+    torch.testing.assert_close(sum_normalize(y).sum(-1), torch.ones(3, dtype=torch.float64), rtol=1e-12, atol=1e-12)

@@ -284,6 +284,16 @@ def test_on_a_gpu_auto_fuses_where_the_step_was_timed_faster(choice, rows, runs,
     assert (said in caplog.text) is (choice == "auto" and rows > 1)
 
 
+def test_on_a_gpu_an_extension_without_its_cuda_kernels_leaves_the_step_to_the_rule(monkeypatch):
+    """An extension built without its CUDA kernels (no nvcc where it was built) cannot run a step of CUDA tensors:
+    the rule's own step does, whatever --fwp-decoding-step says. (A stand-in for a CUDA tensor and build.)"""
+    model, _ = build_lm_model("--fwp-decoding-step", "fused")
+    step = fused_attentions(model)[0].fused_step
+    monkeypatch.setattr(fused_step_module, "loaded", lambda: types.SimpleNamespace(has_cuda_kernels=lambda: False))
+    x = types.SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32, shape=(1, 1, 32))
+    assert step.runs(x, None) is False
+
+
 def test_a_backend_that_cannot_run_here_stays_refused_while_decoding():
     """--fwp-backend cuda on CPU tensors: the fused step does not stand in for a refused backend."""
     from fairseq_fwp.ops import BackendUnavailableError

@@ -1,5 +1,6 @@
 """A copy of the repository with one mutant applied (mutants.py), and pytest run in it: how the test suite's
-strength is measured (scripts/mutants.sh; tests/properties/test_harness_strength.py).
+strength is measured (scripts/mutants.sh runs run.py over every mutant; tests/properties/test_harness_strength.py
+holds a few of them to the harness in the suite's slow lane).
 
 The copy holds the tracked files and the built extension (fairseq_fwp/_C*.so: the mutants change Python
 only), and its tests import the copy's fairseq_fwp (tests/conftest.py puts the tests' repository first on

@@ -1,11 +1,15 @@
 """Plausible bugs, most of them one line, in the code that holds the math and the state: each is a mistake someone could
-make while changing that code, written as the one line (or fragment) it would change. scripts/mutants.sh
-applies each to a copy of the repository (copies.py) and runs the property harness against it, and the fast
-lane where the harness misses it: the score is in docs/DEVELOPERS.md.
+make while changing that code, written as the one line (or fragment) it would change. `bash scripts/mutants.sh`
+(run.py) applies each to a copy of the repository (copies.py) and runs the property harness against it, and the
+fast lane where the harness misses it: the score is in docs/DEVELOPERS.md ("Test strength").
 
 `harness`: the property tests that must catch it (pytest's -k over tests/properties), where it breaks one of
-their invariants; None where only other tests can. `equivalent`: why no test can tell it from the original,
-where none can.
+their invariants; None where only other tests can (a formula that every path of the layer computes alike, a
+guard the harness's draws never cross). `equivalent`: why no test can tell it from the original, where none
+can (the same function, or a difference below every dtype's rounding, or one that only a GPU could show).
+
+Each edit's original text must occur exactly once in its file (copies.apply checks): a change to that code
+that moves the text makes run.py report the mutant as stale, to be rewritten against the new code.
 """
 import dataclasses
 from typing import Optional
@@ -24,11 +28,38 @@ def one_line(name, path, original, mutated, why, **kwargs):
     return Mutant(name, ((path, original, mutated),), why, **kwargs)
 
 
+CHUNKED, GATED, CHANNELS = "fairseq_fwp/ops/chunked.py", "fairseq_fwp/ops/chunked_gated.py", "fairseq_fwp/ops/chunked_channels.py"
+DECAY, COLUMNS, MEMORY = "fairseq_fwp/ops/decay.py", "fairseq_fwp/ops/decay_columns.py", "fairseq_fwp/ops/memory.py"
+STATE, STREAMS = "fairseq_fwp/modules/state.py", "fairseq_fwp/modules/carried_streams.py"
+FUSED, GATES, MAPS = "fairseq_fwp/modules/fused_step.py", "fairseq_fwp/modules/gates.py", "fairseq_fwp/modules/feature_maps.py"
+LAYER = "fairseq_fwp/modules/fast_weight_attention.py"
+RULES = "fairseq_fwp/ops/rules/"
+
+# -k selections of tests/properties (test ids: test_every_call_of_the_ops[<invariant>-<rule>],
+# test_every_combination_of_flags[<invariant>-<family>(-<map>)])
+OPS = "test_every_call_of_the_ops"
+MODELS = "test_every_combination_of_flags"
+PER_CHANNEL = "(gla or kda or gdn2 or per-channel)"
+# the model invariants that a wrong forward of a kernel breaks: decoding (the rules' own steps, or the fused step)
+# and a prompt's steps against the kernel's full forward, carried segments (a start state), the reference backend
+FORWARD = "decoding_equals or a_prompt or two_carried or the_backend_gives"
+DECODING = "decoding_equals or a_prompt or two_carried or fused_step"
+
+
+def ops(invariants, rules):
+    return f"{OPS} and ({invariants}) and ({rules})"
+
+
+def models(invariants, families):
+    return f"{MODELS} and ({invariants}) and ({families})"
+
+
 MUTANTS = (
     one_line("chunked-delta-beta-gradient-through-chunk-starts", "fairseq_fwp/ops/chunked.py",
            "            db -= (neg_dR_k * K).sum(-1)\n", "",
            "the delta rule's chunked backward drops beta's gradient through the chunk-start states",
-           harness="test_every_call_of_the_ops and named_backend and delta"),
+           harness="test_every_call_of_the_ops and named_backend and delta"
+                   " or test_every_combination_of_flags and the_backend_gives and (delta or product)"),
     one_line("reorder-skips-short-convolution-caches", "fairseq_fwp/modules/state.py",
            "        if self.convolutions:\n            self.convolutions = tuple(cache.index_select(0, new_order)",
            "        if False:\n            self.convolutions = tuple(cache.index_select(0, new_order)",
@@ -44,4 +75,214 @@ MUTANTS = (
         "chunked backward takes each chunk's own term from a reverse cumulative sum that holds it: the 1 / eps "
         "gradients' rounding reaches the other chunks",
         harness="test_every_combination_of_flags and the_backend_gives"),
+
+    # -- ops/chunked.py: the sum and delta rules' chunked forms, DeltaProduct's interleaving --
+    one_line("chunked-sum-exclusive-mask", CHUNKED,
+             "        A = (Q @ _t(K)).tril()  # inclusive", "        A = (Q @ _t(K)).tril(-1)  # inclusive",
+             "the sum rule's intra-chunk mask without its diagonal: out_t reads W_{t-1}, not W_t",
+             harness=ops("named_backend", "sum") + " or " + models(FORWARD, "sum")),
+    one_line("chunked-sum-later-chunks-off-by-one", CHUNKED,
+             "later = qdo[:, :, 1:].flip(2)", "later = qdo[:, :, :-1].flip(2)",
+             "the sum rule's backward: the state gradient at chunk n's end sums the queries of chunks m >= n - 1 "
+             "(an off-by-one at the chunk border), not m > n",
+             harness=ops("named_backend", "sum") + " or " + models("the_backend_gives", "sum")),
+    one_line("chunked-delta-key-gradient-drops-the-transposed-term", CHUNKED,
+             "_add_matmul_(dK, P + _t(P), K)", "_add_matmul_(dK, P, K)",
+             "the delta rule's backward through K K^T keeps dM's lower triangle only (d(K K^T) is P + P^T)",
+             harness=ops("named_backend", "delta") + " or " + models("the_backend_gives", "delta or product")),
+    one_line("chunked-delta-state-alone-adds-the-retrieval", CHUNKED,
+             "Uv[:, :, n] - Wk[:, :, n] @ S\n", "Uv[:, :, n] + Wk[:, :, n] @ S\n",
+             "the delta rule's final-state-only form adds the start state's retrieval to the pseudo-values (a sign)",
+             harness=ops("state_alone", "delta or product")),
+    one_line("chunked-product-decays-at-the-last-write", CHUNKED,
+             "torch.cat([log_decay.unsqueeze(3), log_decay.new_zeros(B, H, T, N - 1, *log_decay.shape[3:])],",
+             "torch.cat([log_decay.new_zeros(B, H, T, N - 1, *log_decay.shape[3:]), log_decay.unsqueeze(3)],",
+             "DeltaProduct's interleaved sequence decays the memory before the token's last write, not its first",
+             harness=ops("named_backend or state_alone", "product") + " or " + models(FORWARD, "product")),
+    one_line("chunked-delta-system-keeps-its-diagonal", CHUNKED,
+             "M = (KKt * beta.unsqueeze(-1)).tril_(-1)", "M = (KKt * beta.unsqueeze(-1)).tril_()",
+             "the delta rule's triangular system takes tril_() for its strictly lower part",
+             equivalent="the next line overwrites the diagonal with ones, and the solve is unitriangular (it never "
+                        "reads the diagonal): the same M^-1, bit for bit"),
+
+    # -- ops/chunked_gated.py: a decay per head --
+    one_line("gated-decay-factors-read-the-future", GATED,
+             "n.unsqueeze(-1), n.unsqueeze(-2), lower)", "n.unsqueeze(-1), n.unsqueeze(-2))",
+             "the chunk's decay factors G without the causal mask: queries read the chunk's later keys",
+             harness=ops("named_backend", "gated") + " or " + models(FORWARD, "gated or product")),
+    one_line("gated-backward-drops-the-end-decays-pull", GATED,
+             "(d_rho * rho).sum(-1) + d_gamma_end * gamma_end", "(d_rho * rho).sum(-1)",
+             "the gated backward drops the decays' gradient through gamma_C (the state carried to the next chunk)",
+             harness=ops("named_backend", "gated") + " or " + models("the_backend_gives", "gated or product")),
+    one_line("gated-backward-cumsum-forwards", GATED,
+             "d_log = dc.flip(-1).cumsum(-1).flip(-1)", "d_log = dc.cumsum(-1)",
+             "c = cumsum(log a), so d log a is the reverse cumulative sum of dc: a forward one instead",
+             harness=ops("named_backend", "gated") + " or " + models("the_backend_gives", "gated or product")),
+    one_line("gated-delta-beta-gradient-drops-the-start-decay", GATED,
+             "(dR_v * V).sum(-1) + (dR_k * K).sum(-1) * gamma\n", "(dR_v * V).sum(-1) + (dR_k * K).sum(-1)\n",
+             "the gated delta rule's beta gradient through the start state's retrieval without its decay gamma",
+             harness=ops("named_backend", "gated-delta") + " or " + models("the_backend_gives", "gated or product")),
+    one_line("gated-delta-start-state-retrieval-undecayed", GATED,
+             "Wk, U = Tinv @ (K * (b * gamma.unsqueeze(-1))), Tinv @ (V * b)", "Wk, U = Tinv @ (K * b), Tinv @ (V * b)",
+             "the gated delta rule retrieves the chunk's start state without the decay since the chunk's start",
+             harness=ops("named_backend or state_alone", "gated-delta") + " or " + models(FORWARD, "gated or product")),
+    one_line("gated-full-forgets-below-eps", GATED,
+             "return 2.0 * math.log(torch.finfo(dtype).eps)", "return math.log(torch.finfo(dtype).eps)",
+             "decays below eps of the dtype (not eps^2) counted as full forgets",
+             equivalent="a decay between eps^2 and eps that is cut to 0 removes less than eps of the dtype, relative "
+                        "to the state it scales, from every output and gradient (log a's own gradient there is a "
+                        "times a finite number; decay='s small decays take exact passes that set them to 1): below "
+                        "the rounding of the dtype, under every tolerance"),
+
+    # -- ops/chunked_channels.py: a decay per key channel --
+    one_line("channels-state-decay-misses-the-first-step", CHANNELS,
+             "gamma_end = gamma[..., -1, :]", "gamma_end = rho[..., 0, :]",
+             "the state's decay across a chunk taken as rho_0 = exp(c_C - c_1), which misses the first step's decay",
+             harness=ops("named_backend or state_alone", PER_CHANNEL) + " or " + models(FORWARD, "per-channel")),
+    one_line("channels-start-state-retrieval-undecayed", CHANNELS,
+             "M_inv @ (R * gamma)", "M_inv @ R",
+             "KDA's and GDN-2's retrieval of the chunk's start state without the decay since the chunk's start",
+             harness=ops("named_backend or state_alone", "kda or gdn2") + " or " + models(FORWARD, "per-channel")),
+    one_line("channels-cumsum-over-channels", CHANNELS,
+             "c = g.masked_fill(forgets, 0.0).double().cumsum(-2)", "c = g.masked_fill(forgets, 0.0).double().cumsum(-1)",
+             "the cumulative log-decays summed over the key channels instead of over time",
+             harness=ops("named_backend or state_alone", PER_CHANNEL) + " or " + models(FORWARD, "per-channel")),
+    one_line("channels-writes-decayed-from-the-chunk-start", CHANNELS,
+             "Kr = (K * rho).transpose(-1, -2)", "Kr = (K * gamma).transpose(-1, -2)",
+             "each write decayed by the steps before it (gamma) instead of after it (rho) on its way to the chunk's end",
+             harness=ops("named_backend or state_alone", PER_CHANNEL) + " or " + models(FORWARD, "per-channel")),
+
+    # -- ops/decay.py, ops/decay_columns.py: exact gradients of small decays given as decay= --
+    one_line("decay-exact-below-eps-not-sqrt-eps", DECAY,
+             "return torch.finfo(dtype).eps ** 0.5", "return torch.finfo(dtype).eps",
+             "decays between eps and sqrt(eps) get d log a / a, which loses most of its digits there",
+             harness=ops("named_backend or reference_agrees", "gated or gla or kda or gdn2")),
+    one_line("decay-passes-counted-across-heads", DECAY,
+             "rank = full.cumsum(2)  # each row's steps", "rank = full.cumsum(1)  # each row's steps",
+             "the small steps split into two passes by a count over the heads, not over time: adjacent small steps "
+             "of one row share a pass",
+             harness=ops("named_backend or reference_agrees", "gated or gla or kda or gdn2")),
+    one_line("decay-exact-only-when-every-decay-is-small", DECAY,
+             "and bool((decay.detach() < small(decay.dtype)).any()))",
+             "and bool((decay.detach() < small(decay.dtype)).all()))",
+             "the exact gradients only where every decay is small (all, not any): 0 / 0 at a full forget otherwise",
+             harness=ops("named_backend or reference_agrees", "gated or gla or kda or gdn2")),
+    one_line("columns-backward-sum-unshifted", COLUMNS,
+             "shifted = torch.cat([log_decay[:, :, 1:], torch.zeros_like(log_decay[:, :, :1])], 2)",
+             "shifted = log_decay",
+             "the columns' adjoint decayed by a_t instead of a_{t+1} (an off-by-one in time)",
+             harness=ops("named_backend or reference_agrees", "gla or kda")),
+    one_line("columns-delta-retrieval-pull-sign", COLUMNS,
+             "pulls -= (k_d.unsqueeze(-1)", "pulls += (k_d.unsqueeze(-1)",
+             "the delta write's retrieval term added to the columns' adjoint instead of subtracted",
+             harness=ops("named_backend or reference_agrees", "kda")),
+
+    # -- ops/memory.py: the decoder's memory --
+    one_line("memory-reorder-leaves-the-free-slot-unzeroed", MEMORY,
+             "            new[:, :, n:].zero_()\n", "",
+             "a reorder of W's factors leaves the slot for the next token as the storage held it (read before the "
+             "write fills it)",
+             harness=f"{MODELS} and (decoding_equals or fused_step)"),
+    one_line("memory-copy-not-detached", MEMORY,
+             "return self._copy(lambda x: x.detach())", "return self._copy(lambda x: x)",
+             "the memory a next segment starts from keeps the previous segment's autograd history"),
+    one_line("memory-holds-factors-a-token-too-long", MEMORY,
+             "        if self.tokens >= limit:\n", "        if self.tokens > limit:\n",
+             "W's factors kept one token past the length where W is smaller (the same reads, more numbers to copy)"),
+
+    # -- modules/state.py, modules/carried_streams.py: what a layer carries --
+    one_line("state-source-rows-grouped-without-transpose", STATE,
+             "grouped = q.view(n, g, H, T, D).transpose(1, 2).reshape(n, H, g * T, D)",
+             "grouped = q.view(n, g, H, T, D).reshape(n, H, g * T, D)",
+             "the beams that share a source memory grouped by a reshape without the transpose: heads and beams mixed",
+             harness=f"{MODELS} and (decoding_equals or fused_step)"),
+    one_line("state-arbitrary-reorder-kept-as-groups", STATE,
+             "kept = new_order.numel() % g == 0 and bool((source.view(-1, g) == source.view(-1, g)[:, :1]).all())",
+             "kept = new_order.numel() % g == 0",
+             "a reorder whose rows stop coming in groups of one source still read one memory per group"),
+    one_line("streams-any-other-position-continues", STREAMS,
+             "elif stream is not None and position == stream.position + 1 and position > 0:",
+             "elif stream is not None and position != stream.position:",
+             "a carried stream's reset skipped: a segment at any new position continues the last one, not only the next"),
+    one_line("streams-start-not-copied", STREAMS,
+             "state = stream.start.to(device)", "state = stream.start",
+             "the state a segment starts from handed out itself, not a copy: the layer's forward moves it on"),
+    one_line("streams-end-not-detached", STREAMS,
+             "stream.end = state.detached()", "stream.end = state",
+             "the state a segment ends with kept with its autograd history (no truncated backpropagation)"),
+
+    # -- modules/fused_step.py: the fused decoding step's Python glue --
+    one_line("fused-normalised-retrieval-for-every-rule", FUSED,
+             "o.attention_normalization and attention.rule.normalised_retrieval,", "o.attention_normalization,",
+             "the fused step told to normalise the retrieval (Eqs. 26-28) for every rule under attention "
+             "normalisation, DeltaProduct's too",
+             harness=f"{MODELS} and (decoding_equals or fused_step)"),
+    one_line("fused-qk-norm-codes-swapped", FUSED,
+             'QK_NORMS = {"none": 0, "sum": 1, "l2": 2}', 'QK_NORMS = {"none": 0, "sum": 2, "l2": 1}',
+             "the q/k normalisation passed to the fused step as the other one's code",
+             harness=f"{MODELS} and (decoding_equals or fused_step)"),
+    one_line("fused-drops-favors-input-scale", FUSED,
+             'float(getattr(attention.feature_map, "input_scale", 1.0))', "1.0",
+             "FAVOR+'s input scale head_dim^-1/4 not passed to the fused step",
+             harness=f"{MODELS} and (decoding_equals or fused_step)"),
+    one_line("fused-on-a-gpu-without-its-kernels", FUSED,
+             'if built is None or (device == "cuda" and not built.has_cuda_kernels()):', "if built is None:",
+             "the fused step runs CUDA tensors with an extension built without its CUDA kernels"),
+
+    # -- modules/gates.py, modules/feature_maps.py: gates and feature maps --
+    one_line("output-gate-rms-over-time", GATES,
+             "out.float().pow(2).mean(-1, keepdim=True)", "out.float().pow(2).mean(-2, keepdim=True)",
+             "the output gate's RMS norm over the time axis instead of the head's channels",
+             harness=f"{MODELS} and ({DECODING})"),
+    one_line("output-gate-eps-outside-the-root", GATES,
+             "torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True) + self.eps)",
+             "(torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True)) + self.eps)",
+             "the RMS norm's eps added after the reciprocal square root, not under it: 1 / 0 where a head's output "
+             "is 0 (DPFP's disjoint supports under attention normalisation)",
+             harness=f"{MODELS} and (training_gives or the_backend_gives)"),
+    one_line("decay-gate-normaliser-inside", GATES,
+             "return F.logsigmoid(z) / 16", "return F.logsigmoid(z / 16)",
+             "GLA's normaliser 16 divides the logit, not the log-sigmoid"),
+    one_line("dpfp-rolls-from-zero", MAPS,
+             "for i in range(1, self.nu + 1)]", "for i in range(self.nu)]",
+             "DPFP's rolls start at 0 (r * r) instead of 1",
+             harness=f"{MODELS} and (decoding_equals or fused_step)"),
+    one_line("l2-normalise-over-time", MAPS,
+             "phi / phi.norm(dim=-1, keepdim=True)", "phi / phi.norm(dim=-2, keepdim=True)",
+             "the L2 normalisation of phi(q), phi(k) over the time axis instead of the features",
+             harness=f"{MODELS} and ({DECODING})"),
+    one_line("sum-normalise-eps-added", MAPS,
+             "phi / phi.sum(-1, keepdim=True).clamp_min(eps)", "phi / (phi.sum(-1, keepdim=True) + eps)",
+             "Eq. 29's eps added to the sum instead of bounding it below"),
+
+    # -- modules/fast_weight_attention.py: attention normalisation --
+    one_line("attention-normaliser-over-time", LAYER,
+             "divided_by_normalizer(out, (q * z).sum(-1, keepdim=True), self.options.eps)",
+             "divided_by_normalizer(out, (q * z).sum(-2, keepdim=True), self.options.eps)",
+             "z_t . phi(q_t) summed over the time axis instead of the features",
+             harness=f"{MODELS} and ({DECODING})"),
+    one_line("delta-retrieval-normalised-by-the-current-sum", LAYER,
+             "    return torch.cat([first, z[:, :, :-1]], 2)", "    return z",
+             "the delta rules' retrieval normalised by z_t (this token's key included), not z_{t-1} (Eqs. 26-28)",
+             harness=models(DECODING, "delta or product")),
+
+    # -- ops/rules/: the rules' own steps and kernels --
+    one_line("sum-rule-reads-before-its-write", RULES + "sum.py",
+             "        return read + v * (k * q).sum(-1, keepdim=True)  # W_t q",
+             "        return read  # W_t q",
+             "the sum rule's step returns W_{t-1} q, not W_t q (Eq. 11 after Eq. 17)",
+             harness=ops("named_backend", "sum or gla") + " or " + models(f"{FORWARD} or fused_step", "sum or gated or per-channel")),
+    one_line("delta-substeps-retrieve-by-the-query", RULES + "delta.py",
+             "vbar = vbar + u * (k[..., j, :] * k[..., i, :]).sum(-1, keepdim=True)",
+             "vbar = vbar + u * (k[..., j, :] * q).sum(-1, keepdim=True)",
+             "DeltaProduct's sub-step i retrieves the earlier sub-steps' writes with the query, not its key",
+             harness=ops("named_backend", "product") + " or " + models(f"{FORWARD} or fused_step", "product or delta")),
+    one_line("gdn2-writes-kdas-value", RULES + "channels.py",
+             "u = write * v - vbar", "u = write * (v - vbar)",
+             "GDN-2's step gates the retrieval with the write gate too (KDA's form), not the value alone",
+             harness=ops("named_backend", "gdn2") + " or " + models(f"{FORWARD} or fused_step", "per-channel")),
+    one_line("kda-chunked-retrieval-without-beta", RULES + "channels.py",
+             "(beta.unsqueeze(-1) * k, beta.unsqueeze(-1) * v)", "(k, beta.unsqueeze(-1) * v)",
+             "KDA's chunked kernel retrieves with k_t instead of beta_t k_t",
+             harness=ops("named_backend or state_alone", "kda") + " or " + models(FORWARD, "per-channel")),
 )

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, event, given, note, reject, settings
 from hypothesis import strategies as st
 
 import model_invariants as invariants
-from conftest import assert_reached, examples
+from conftest import assert_reached, examples, own_examples
 from flag_combos import ARCHS, FAMILY_FLAGS, combinations, families, fast_weight_maps, taken
 from nothing_to_check import NothingToCheck
 from reproduce import model_command
@@ -40,6 +40,7 @@ CASES = [(invariant, family, feature_map) for invariant in invariants.MODEL_INVA
 def test_every_combination_of_flags(invariant, family, feature_map):
     checked = []
 
+    @own_examples(f"{invariant.__name__}-{family}-{feature_map}")
     @settings(max_examples=examples(2 if feature_map else 3),
               suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
     @given(data=st.data())

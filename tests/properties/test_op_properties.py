@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import event, example, given, note, reject, settings
 
-from conftest import assert_reached, examples
+from conftest import assert_reached, examples, own_examples
 from op_cases import OpCase, backends_here, op_cases
 from nothing_to_check import NothingToCheck
 from op_invariants import OP_INVARIANTS, named_backend_agrees_with_the_reference
@@ -37,6 +37,7 @@ def test_every_call_of_the_ops(invariant, rule):
     backends = backends_here(rule, with_reference=invariant is not named_backend_agrees_with_the_reference)
     checked = []
 
+    @own_examples(f"{invariant.__name__}-{rule}")
     @settings(max_examples=examples(6))
     @given(case=op_cases(rule, backends))
     def holds(case):
