@@ -1,5 +1,6 @@
 """Reliability: multi-process training on CPU, resuming, bf16, determinism, unused parameters."""
 import re
+import shutil
 
 import pytest
 import torch
@@ -58,14 +59,17 @@ def test_two_processes_equal_one_process_with_update_freq_2_and_resume(data, tmp
     Not FAVOR+: it draws new features at every forward, and a rank does one forward per update where
     --update-freq 2 does two (every rank draws the same features: they share seed and draw count)."""
     fm = ["--fwp-feature-map", "dpfp", "--fwp-update-rule", "delta"]
-    two = train_in_ranks(data["lm"], tmp_path / "two", 2, *fm, "--max-update", 6, capture_to=tmp_path / "two.log")
+    two = train_in_ranks(data["lm"], tmp_path / "two", 2, *fm, "--max-update", 6, "--save-interval-updates", 3,
+                         capture_to=tmp_path / "two.log")
     one = fairseq("train", data["lm"], *LM_FLAGS, "--dropout", 0, "--update-freq", 2, "--max-update", 6, *fm,
                   "--save-dir", tmp_path / "one")
     assert len(losses(two)) == 6 and losses(two) == pytest.approx(losses(one), abs=1e-3)
     assert_same_parameters(parameters(tmp_path / "two" / "checkpoint_last.pt"),
                            parameters(tmp_path / "one" / "checkpoint_last.pt"), atol=1e-5)
 
-    train_in_ranks(data["lm"], tmp_path / "resumed", 2, *fm, "--max-update", 3, capture_to=tmp_path / "r1.log")
+    # resumed from the checkpoint the 2-rank run saved at update 3, mid-epoch (as a run stopped there saves it)
+    (tmp_path / "resumed").mkdir()
+    shutil.copy(tmp_path / "two" / "checkpoint_1_3.pt", tmp_path / "resumed" / "checkpoint_last.pt")
     resumed = train_in_ranks(data["lm"], tmp_path / "resumed", 2, *fm, "--max-update", 6,
                              capture_to=tmp_path / "r2.log")
     assert "Loaded checkpoint" in resumed and set(losses(resumed)) == {4, 5, 6}
@@ -138,15 +142,17 @@ def test_carried_streams_of_every_rank_resume_exactly(data, tmp_path):
     """Each of 2 ranks carries its own streams' fast weights: a run stopped mid-epoch at update 7 and
     resumed continues every rank's streams (the losses of updates 8-10 as the run that never stopped);
     resumed by another number of processes, mid-epoch, it stops and says what to do."""
-    def run(save_dir, nprocs, updates, name):
+    def run(save_dir, nprocs, updates, name, *flags):
         with open(tmp_path / f"{name}.log", "w") as log:
             status = distributed_cpu.launch([data["lm"], *STREAM_FLAGS, "--max-update", updates,
-                                             "--save-dir", save_dir], nprocs, stdout=log)
+                                             "--save-dir", save_dir, *flags], nprocs, stdout=log)
         return status, open(tmp_path / f"{name}.log").read()
 
-    status, whole = run(tmp_path / "whole", 2, 10, "whole")
+    status, whole = run(tmp_path / "whole", 2, 10, "whole", "--save-interval-updates", 7)
     assert status == 0, whole[-3000:]
-    assert run(tmp_path / "stopped", 2, 7, "first")[0] == 0
+    # stopped at update 7: the checkpoint the whole run saved there, mid-epoch (as a run stopped there saves it)
+    (tmp_path / "stopped").mkdir()
+    shutil.copy(tmp_path / "whole" / "checkpoint_1_7.pt", tmp_path / "stopped" / "checkpoint_last.pt")
     status, resumed = run(tmp_path / "stopped", 2, 10, "resumed")
     assert status == 0 and "Loaded checkpoint" in resumed, resumed[-3000:]
     assert set(losses(resumed)) == {8, 9, 10}

@@ -74,7 +74,7 @@ MUTANTS = (
         "Eqs. 19, 28 divide by z . phi(q) + eps where z . phi(q) is 0 (disjoint DPFP supports), and the sum rule's "
         "chunked backward takes each chunk's own term from a reverse cumulative sum that holds it: the 1 / eps "
         "gradients' rounding reaches the other chunks",
-        harness="test_every_combination_of_flags and the_backend_gives"),
+        harness="test_every_combination_of_flags and the_backend_gives and dpfp"),
 
     # -- ops/chunked.py: the sum and delta rules' chunked forms, DeltaProduct's interleaving --
     one_line("chunked-sum-exclusive-mask", CHUNKED,
