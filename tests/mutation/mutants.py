@@ -239,7 +239,7 @@ MUTANTS = (
              "(torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True)) + self.eps)",
              "the RMS norm's eps added after the reciprocal square root, not under it: 1 / 0 where a head's output "
              "is 0 (DPFP's disjoint supports under attention normalisation)",
-             harness=f"{MODELS} and (training_gives or the_backend_gives)"),
+             harness=f"{MODELS} and (training_gives or the_backend_gives or {DECODING})"),
     one_line("decay-gate-normaliser-inside", GATES,
              "return F.logsigmoid(z) / 16", "return F.logsigmoid(z / 16)",
              "GLA's normaliser 16 divides the logit, not the log-sigmoid"),
@@ -253,7 +253,9 @@ MUTANTS = (
              harness=f"{MODELS} and ({DECODING})"),
     one_line("sum-normalise-eps-added", MAPS,
              "phi / phi.sum(-1, keepdim=True).clamp_min(eps)", "phi / (phi.sum(-1, keepdim=True) + eps)",
-             "Eq. 29's eps added to the sum instead of bounding it below"),
+             "Eq. 29's eps added to the sum instead of bounding it below (the fused step's own normalisation, in "
+             "C++, still bounds it)",
+             harness=f"{MODELS} and ({DECODING})"),
 
     # -- modules/fast_weight_attention.py: attention normalisation --
     one_line("attention-normaliser-over-time", LAYER,

@@ -175,7 +175,7 @@ def combinations(draw, archs=tuple(sorted(ARCHS)), family=None, feature_map=None
     """A Combination of one of `archs`: each --fwp-* flag given with probability about 1/3, a random value of it;
     each fairseq flag of the architecture with probability 1/6. With a family (family()): a rule of the family
     and a map other than softmax (`feature_map`, or drawn), always given, and N = 2 or 3 writes per token for
-    the product rules."""
+    the product rules; --fwp-attn-norm on or off where the family's rules normalise their retrieval."""
     arch = draw(st.sampled_from(archs))
     values = drawn_values(arch)
     fixed = []
@@ -184,6 +184,9 @@ def combinations(draw, archs=tuple(sorted(ARCHS)), family=None, feature_map=None
                  ("--fwp-feature-map", feature_map or draw(st.sampled_from(fast_weight_maps())))]
         if family == "product":
             fixed.append(("--fwp-householder-steps", draw(st.sampled_from(["2", "3"]))))
+        if any(UPDATE_RULES[name].normalised_retrieval for name in families()[family]):
+            # attention normalisation changes these rules' retrieval too (Eqs. 26-28): on in half the examples
+            fixed.append(("--fwp-attn-norm", draw(st.sampled_from(["on", "off"]))))
     flags = []
     for flag, choices in values.items():
         if flag not in dict(fixed) and draw(st.integers(0, 2)) == 0:
