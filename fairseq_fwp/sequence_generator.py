@@ -42,7 +42,7 @@ class PromptReadingEnsemble(EnsembleModel):
 
     def __init__(self, models):
         super().__init__(models)
-        self.prompts = self.served = None
+        self.prompts = self.served = self.skipped_scores = None
         self.skipped = 0
 
     def reads_prompts(self):
