@@ -13,11 +13,14 @@ from it: each prompt token's log-probability and each row's distribution after i
   included) starts there as it does at its first step, from one hypothesis per sentence (the others
   score -inf while the prompt is forced); sampling draws the random numbers of the skipped steps first,
   so that a seeded run samples what forcing samples. Other searches (and an LM fused in, n-gram blocking,
-  outputs as long as the sources) step through every position.
+  outputs as long as the sources, a beam of about half the vocabulary or more) step through every position.
 - A position where some rows still force their prompt is served without a decoder call; a row whose prompt
   has ended reads its new tokens one per step (the others read padding: nothing).
 
-The tokens and scores are forcing's (its log-probabilities computed in another order: equal to rounding).
+The tokens and scores are forcing's (its log-probabilities computed in another order: equal to rounding), but
+where a prompt holds </s> (fairseq-generate --prefix-size takes its prompts from language_modeling's blocks, which
+keep each line's </s>): it is read as context, as the rest of the prompt, where fairseq's forcing ends the
+hypothesis there (and, in a beam, may stop on an assertion). Each sentence's result is the same whatever the batch.
 The length limit is fairseq's (--max-len-a, --max-len-b; the prompt counts): a model without positions, or
 with positions that restart (--fwp-position-period), has none of its own; a model with positions that do not
 restart is refused a length past them before any work, where fairseq would cut it silently.
@@ -63,12 +66,22 @@ class PromptReadingEnsemble(EnsembleModel):
         if self.served is None:
             return super().forward_decoder(tokens, encoder_outs, incremental_states, temperature)
         served, lprobs = self.served, None
+        if step > self.skipped:
+            self._restore_forced(tokens, step - 1)
         reading = served["lengths"] < step  # rows past their prompt read this step's token, the others padding
         if bool(reading.any()):
             served["fed"][:, served["width"]] = torch.where(reading, tokens[:, -1], self._pad)
             served["width"] += 1
             lprobs = self._log_probs(served["fed"][:, :served["width"]], incremental_states, temperature)[1]
         return self._served(step, lprobs), None
+
+    def _restore_forced(self, tokens, position):
+        """The prompt's tokens at `position` in the loop's last column, where the loop forced a stand-in for a
+        prompt's </s> (FastWeightSequenceGenerator._prefix_tokens); `tokens` is a view of the loop's buffer, which
+        an LM fused in, n-gram blocking and the finished hypotheses read."""
+        forced = self.served["lengths"] > position
+        if bool(forced.any()):
+            tokens[forced, -1] = self.served["prompts"][forced, position]
 
     @property
     def _pad(self):
@@ -120,11 +133,12 @@ class PromptReadingEnsemble(EnsembleModel):
         for model, state in zip(self.models, incremental_states):
             features, extra = model.decoder(fed, incremental_state=state, features_only=True)
             if targets is not None:
+                # contiguous: an adaptive softmax views its targets as one row
+                chunks = [(start, targets[:, start:start + LOG_PROB_CHUNK].contiguous())
+                          for start in range(0, features.size(1), LOG_PROB_CHUNK)]
                 chosen.append(torch.cat([
-                    self._normalized(model, features[:, start:start + LOG_PROB_CHUNK], extra, temperature,
-                                     targets[:, start:start + LOG_PROB_CHUNK])
-                    .gather(2, targets[:, start:start + LOG_PROB_CHUNK].unsqueeze(2)).squeeze(2)
-                    for start in range(0, features.size(1), LOG_PROB_CHUNK)], 1))
+                    self._normalized(model, features[:, start:start + LOG_PROB_CHUNK], extra, temperature, chunk)
+                    .gather(2, chunk.unsqueeze(2)).squeeze(2) for start, chunk in chunks], 1))
             after.append(self._normalized(model, features[:, -1:], extra, temperature)[:, -1])
         return (_combined(chosen) if targets is not None else None), _combined(after)
 
@@ -133,7 +147,9 @@ class PromptReadingEnsemble(EnsembleModel):
         """fairseq's ensemble step on a decoder's features: the output layer, the temperature, the log-softmax;
         with `targets`, correct at them only (an adaptive softmax computes a tail cluster only where a target
         falls in it)."""
-        output = model.decoder.output_layer(features).div_(temperature)
+        output = model.decoder.output_layer(features)
+        if temperature != 1:  # not in place: an adaptive softmax's output layer returns the features themselves
+            output = output / temperature
         return model.get_normalized_probs((output, extra), log_probs=True,
                                           sample=None if targets is None else {"target": targets})
 
@@ -194,7 +210,29 @@ class FastWeightSequenceGenerator(SequenceGenerator):
         them alike (beam search, sampling) and nothing else that reads the steps before (an LM fused in, n-gram
         blocking, outputs as long as the sources, constraints)."""
         return (type(self.search) in (search.BeamSearch, search.Sampling) and self.lm_model is None
-                and self.repeat_ngram_blocker is None and not self.match_source_len and constraints is None)
+                and self.repeat_ngram_blocker is None and not self.match_source_len and constraints is None
+                and not self._first_step_takes_fewer())
+
+    def _first_step_takes_fewer(self):
+        """Whether beam search's first step, which takes its candidates from one hypothesis per sentence, takes
+        fewer than a later step (min(2 beam, V - 1) against 2 beam): with a beam of about half the vocabulary
+        or more, starting the loop after the prompt would give other hypotheses than forcing."""
+        return isinstance(self.search, search.BeamSearch) and 2 * self.beam_size > self.vocab_size - 1
+
+    def _prefix_tokens(self, step, lprobs, scores, tokens, prefix_tokens, beam_size):
+        """fairseq's forcing of the prompt positions the loop steps through, but a prompt's </s> is read as
+        context, as in the positions it skips: forced in a stand-in's column (padding's), so that the loop does
+        not end the hypothesis there (PromptReadingEnsemble puts the </s> back before anything reads it).
+        Where the prompts are not read in one call, fairseq's own: a forced </s> ends the hypothesis."""
+        if self.model.served is None:
+            return super()._prefix_tokens(step, lprobs, scores, tokens, prefix_tokens, beam_size)
+        forced = prefix_tokens[:, step].repeat_interleave(beam_size)
+        rows = forced.ne(self.pad).nonzero().squeeze(1)
+        forced = forced[rows].unsqueeze(1)
+        score = lprobs[rows].gather(1, forced)
+        lprobs[rows] = lprobs.new_full((len(rows), lprobs.size(1)), -math.inf).scatter(
+            1, forced.masked_fill(forced.eq(self.eos), self.pad), score)
+        return lprobs, tokens, scores
 
     @contextlib.contextmanager
     def _starting_after(self, skipped):

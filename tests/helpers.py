@@ -218,16 +218,30 @@ def softmax_in_the_models_dtype():
 
 def generated(generator_class, model, d, sample, prefix, seed=0, search_options=(), **options):
     """generator_class([model], d, ...).generate with prefix_tokens, torch's generator seeded first (sampling);
-    search_options: beam_size, or sampling=True with sampling_topk."""
+    search_options: beam_size, or sampling=True with sampling_topk, or diverse=(groups, strength) (diverse beam
+    search)."""
     from fairseq import search
 
     options = {**dict(search_options), **options}
     if options.pop("sampling", False):
         options["search_strategy"] = search.Sampling(d, sampling_topk=options.pop("sampling_topk"))
+    if "diverse" in options:
+        options["search_strategy"] = search.DiverseBeamSearch(d, *options.pop("diverse"))
     generator = generator_class([model], d, **options)
     torch.manual_seed(seed)
     with torch.no_grad():
         return generator.generate([model], sample, prefix_tokens=prefix)
+
+
+def read_in_one_call(model, d, sample, prefix, **options):
+    """FastWeightSequenceGenerator's generations; where it raises, an AssertionError that says so (forcing, the
+    generator it must equal, generates on the same input)."""
+    from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator
+
+    try:
+        return generated(FastWeightSequenceGenerator, model, d, sample, prefix, **options)
+    except Exception as error:
+        raise AssertionError(f"FastWeightSequenceGenerator raised {error!r}") from error
 
 
 def teacher_forced(model, d, tokens):
@@ -238,23 +252,63 @@ def teacher_forced(model, d, tokens):
     return lprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
-def assert_generates_what_forcing_does(model, d, sample, prefix, tolerance=1e-9, **options):
-    """FastWeightSequenceGenerator gives the tokens of fairseq's SequenceGenerator (which forces the prompt
-    one token per step), and positional scores that are the model's teacher-forced log-probabilities (in
-    float64, under softmax_in_the_models_dtype). Returns its generations."""
+def assert_same_hypotheses(got, want, tolerance=1e-9, what="forcing"):
+    """Every sentence's hypotheses: the same tokens, positional scores and score (within `tolerance`)."""
+    for sentence_got, sentence_want in zip(got, want, strict=True):
+        assert len(sentence_got) == len(sentence_want), f"not as many hypotheses as {what}"
+        for hypothesis, hypothesis_want in zip(sentence_got, sentence_want):
+            assert torch.equal(hypothesis["tokens"], hypothesis_want["tokens"]), f"not the tokens of {what}"
+            for key in ("positional_scores", "score"):
+                difference = (hypothesis[key] - hypothesis_want[key]).abs().max().item()
+                assert difference <= tolerance, f"{key} {difference:.3g} off {what}'s"
+
+
+def assert_scores_are_teacher_forced(model, d, generations, tolerance=1e-9):
+    """Each hypothesis's positional scores are the model's log-probabilities of its tokens (a full forward)."""
+    for hypotheses in generations:
+        for hypothesis in hypotheses:
+            want = teacher_forced(model, d, hypothesis["tokens"])
+            difference = (hypothesis["positional_scores"] - want).abs().max().item()
+            assert difference <= tolerance, f"positional scores {difference:.3g} off the teacher-forced ones"
+
+
+def assert_generates_what_forcing_does(model, d, sample, prefix, tolerance=1e-9, scores_are_the_models=True,
+                                       **options):
+    """FastWeightSequenceGenerator gives the hypotheses of fairseq's SequenceGenerator (which forces the prompt
+    one token per step): tokens, positional scores and scores; the positional scores the model's teacher-forced
+    log-probabilities (unless options change them: a temperature, an LM fused in). In float64, under
+    softmax_in_the_models_dtype. Returns its generations."""
     from fairseq.sequence_generator import SequenceGenerator
 
-    from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator
-
     forced = generated(SequenceGenerator, model, d, sample, prefix, **options)
-    read = generated(FastWeightSequenceGenerator, model, d, sample, prefix, **options)
-    for sentence_forced, sentence_read in zip(forced, read):
-        assert len(sentence_forced) == len(sentence_read)
-        for hypothesis_forced, hypothesis in zip(sentence_forced, sentence_read):
-            assert torch.equal(hypothesis["tokens"], hypothesis_forced["tokens"]), "not the tokens of forcing"
-            scores, want = hypothesis["positional_scores"], teacher_forced(model, d, hypothesis["tokens"])
-            difference = (scores - want).abs().max().item()
-            assert difference <= tolerance, f"positional scores {difference:.3g} off the teacher-forced ones"
+    read = read_in_one_call(model, d, sample, prefix, **options)
+    assert_same_hypotheses(read, forced, tolerance)
+    if scores_are_the_models:
+        assert_scores_are_teacher_forced(model, d, read, tolerance)
+    return read
+
+
+def assert_reads_eos_as_context(model, d, sample, prefix, tolerance=1e-9, scores_are_the_models=True, **options):
+    """A prompt holding </s>, which FastWeightSequenceGenerator reads as context (fairseq's forcing ends there):
+    every hypothesis holds its whole prompt and goes on after it, with the model's teacher-forced log-probabilities
+    through it as positional scores (unless options change them); and, but in sampling, each sentence generates
+    what it generates alone (with beam search: its prompt read before the loop starts, whatever the batch's other
+    prompts)."""
+    read = read_in_one_call(model, d, sample, prefix, **options)
+    for hypotheses, prompt in zip(read, prefix, strict=True):
+        prompt = prompt[prompt.ne(d.pad())]
+        for hypothesis in hypotheses:
+            assert torch.equal(hypothesis["tokens"][:len(prompt)], prompt), "the prompt is not whole"
+            assert len(hypothesis["tokens"]) > len(prompt), "the hypothesis ended in its prompt"
+    if scores_are_the_models:
+        assert_scores_are_teacher_forced(model, d, read, tolerance)
+    if not dict(options.get("search_options", ())).get("sampling"):  # sampling draws for the whole batch at once
+        for row, hypotheses in enumerate(read):
+            length = int(prefix[row].ne(d.pad()).sum())
+            by_itself = {"net_input": {"src_tokens": sample["net_input"]["src_tokens"][row:row + 1, :length + 1],
+                                       "src_lengths": torch.tensor([length + 1])}}
+            assert_same_hypotheses([hypotheses], read_in_one_call(model, d, by_itself, prefix[row:row + 1, :length],
+                                                                  **options), tolerance, "the sentence alone")
     return read
 
 

@@ -8,10 +8,8 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
-
-from helpers import (assert_generates_what_forcing_does, build_lm_model, generated, prompts,  # noqa: E402
-                     softmax_in_the_models_dtype)
+from helpers import (assert_generates_what_forcing_does, assert_reads_eos_as_context, build_lm_model,  # noqa: E402
+                     generated, prompts, softmax_in_the_models_dtype)
 from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator  # noqa: E402
 
 FAMILIES = {
@@ -75,14 +73,8 @@ def test_skipped_prompt_positions_keep_forcings_unknown_word_penalty_and_length_
     sample, prefix = prompts(d, [6, 4])
     prefix[:, 1] = d.unk()
     sample["net_input"]["src_tokens"][:, 2] = d.unk()
-    options = dict(SEARCHES[search_name], unk_penalty=0.7, len_penalty=2.0, max_len_b=14)
-    forced, read = (generated(cls, model, d, sample, prefix, seed=1, search_options=options)
-                    for cls in (SequenceGenerator, FastWeightSequenceGenerator))
-    for sentence_forced, sentence_read in zip(forced, read):
-        for hypothesis_forced, hypothesis in zip(sentence_forced, sentence_read):
-            assert torch.equal(hypothesis["tokens"], hypothesis_forced["tokens"])
-            for key in ("positional_scores", "score"):
-                torch.testing.assert_close(hypothesis[key], hypothesis_forced[key], rtol=0, atol=1e-9)
+    assert_generates_what_forcing_does(model, d, sample, prefix, seed=1, search_options=SEARCHES[search_name],
+                                       unk_penalty=0.7, len_penalty=2.0, max_len_b=14, scores_are_the_models=False)
 
 
 def test_the_prompt_is_read_in_one_call_and_the_forced_steps_call_nothing(monkeypatch):
@@ -195,3 +187,110 @@ def test_generate_and_interactive_with_fwp_language_modeling_give_what_language_
         assert outputs["fwp_language_modeling"]["H"] == outputs["language_modeling"]["H"] != [], name
         for got, want in zip(outputs["fwp_language_modeling"]["P"], outputs["language_modeling"]["P"]):
             assert max(abs(a - b) for a, b in zip(got, want)) <= 2e-4, name
+
+
+@pytest.mark.parametrize("search_name", SEARCHES)
+@pytest.mark.parametrize("family", ["delta", "adaptive softmax"])
+def test_prompts_longer_than_a_log_probability_chunk_in_several_rows(family, search_name, monkeypatch):
+    """The prompt's log-probabilities are taken a chunk of positions at a time (LOG_PROB_CHUNK, 3 here): an
+    adaptive softmax views each chunk's targets as one row, for every row of the batch and the beam."""
+    from fairseq_fwp import sequence_generator
+
+    monkeypatch.setattr(sequence_generator, "LOG_PROB_CHUNK", 3)
+    model, d = build_lm_model(*FAMILIES[family], seed=2)
+    model.double()
+    sample, prefix = prompts(d, [8, 7, 5], seed=4)
+    assert_generates_what_forcing_does(model, d, sample, prefix, search_options=SEARCHES[search_name], max_len_b=14,
+                                       seed=2)
+
+
+@pytest.mark.parametrize("temperature", [0.6, 2.0])
+@pytest.mark.parametrize("search_name", ["beam 4", "seeded sampling"])
+@pytest.mark.parametrize("family", ["delta", "adaptive softmax"])
+def test_a_temperature_divides_the_scores_once(family, search_name, temperature):
+    """--temperature divides the output layer's output once, at every position (an adaptive softmax's output
+    layer hands back its input: divided in place, the distribution after the prompt was at T squared)."""
+    model, d = build_lm_model(*FAMILIES[family], seed=2)
+    model.double()
+    sample, prefix = prompts(d, [6, 4], seed=1)
+    assert_generates_what_forcing_does(model, d, sample, prefix, seed=1, search_options=SEARCHES[search_name],
+                                       temperature=temperature, max_len_b=12, scores_are_the_models=False)
+
+
+@pytest.mark.parametrize("beam", [16, 17, 25, 33])
+def test_a_beam_of_half_the_vocabulary_or_more_generates_what_forcing_does(beam):
+    """Beam search's first step takes min(2 beam, V - 1) candidates of one hypothesis, a later step 2 beam: from
+    about V / 2 on, the loop steps through the prompt (34 words here) rather than starting after it."""
+    model, d = build_lm_model("--fwp-update-rule", "sum", seed=3)
+    model.double()
+    sample, prefix = prompts(d, [5, 5, 3], seed=2)
+    assert len(d) == 34
+    assert_generates_what_forcing_does(model, d, sample, prefix, search_options={"beam_size": beam}, max_len_b=10)
+
+
+def prompts_holding_eos(d, seed):
+    """Prompts of 4, 7 and 6 tokens with </s> inside: in the positions every prompt has (1), past the shortest's
+    end (5), and first (0)."""
+    sample, prefix = prompts(d, [4, 7, 6], seed=seed)
+    for row, position in ((0, 1), (1, 5), (2, 0), (2, 5)):
+        prefix[row, position] = d.eos()
+    sample["net_input"]["src_tokens"][:, 1:] = prefix
+    return sample, prefix
+
+
+@pytest.mark.parametrize("search_name", SEARCHES)
+@pytest.mark.parametrize("family", ["delta", "hybrid with positions"])
+def test_a_prompts_eos_is_read_as_context_whatever_the_batch(family, search_name):
+    """A prompt's </s> (fairseq-generate --prefix-size on language_modeling data keeps each line's) is context, as
+    the rest of the prompt, wherever it falls among the batch's prompts; fairseq's forcing ends the hypothesis
+    there instead (docs/generation.md)."""
+    model, d = build_lm_model(*FAMILIES[family], seed=11)
+    model.double()
+    sample, prefix = prompts_holding_eos(d, seed=0)
+    assert_reads_eos_as_context(model, d, sample, prefix, search_options=SEARCHES[search_name], max_len_b=13, seed=4)
+
+
+# searches that read the steps before; whether their scores are the model's log-probabilities
+OTHER_SEARCHES = {"n-gram blocking": (dict(beam_size=3, no_repeat_ngram_size=2), True),
+                  "diverse beam search": (dict(beam_size=4, diverse=(2, 0.5)), False),
+                  "an LM fused in": (dict(beam_size=3, lm_weight=0.3), False)}
+
+
+@pytest.mark.parametrize("eos", [False, True], ids=["plain prompts", "prompts holding eos"])
+@pytest.mark.parametrize("search_name", OTHER_SEARCHES)
+def test_searches_that_step_through_every_position(search_name, eos):
+    """Searches that read the steps before (n-gram blocking, diverse beam search, an LM fused in): the loop steps
+    through every prompt position, served from the one call, as forcing does; a prompt's </s> is read as context,
+    and what they read of the prompt is the prompt (its </s> in place, not the loop's stand-in for it)."""
+    model, d = build_lm_model(seed=6)
+    model.double()
+    sample, prefix = prompts_holding_eos(d, seed=2) if eos else prompts(d, [6, 3, 5], seed=2)
+    options, scores_are_the_models = OTHER_SEARCHES[search_name]
+    options = dict(options, max_len_b=13)
+    if "lm_weight" in options:
+        options["lm_model"], _ = build_lm_model("--fwp-update-rule", "sum", seed=7)
+        options["lm_model"].double()
+    check = assert_reads_eos_as_context if eos else assert_generates_what_forcing_does
+    check(model, d, sample, prefix, scores_are_the_models=scores_are_the_models, **options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["fwp_language_modeling", "language_modeling"])
+def test_the_hub_reads_the_prompt_of_a_trained_checkpoint_in_one_call(task, corpora, tmp_path, monkeypatch):
+    """A checkpoint trained as the README trains one (--task fwp_language_modeling) samples from
+    from_pretrained with its prompt read in one call; one trained with fairseq's language_modeling does where
+    from_pretrained names the task (docs/generation.md)."""
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+
+    from examples.recipes.commands import PLUGIN_DIR
+    from examples.recipes.pipeline import train_lm
+
+    train_lm(corpora["lm"], tmp_path, max_update=2, task=task)
+    named = {} if task == "fwp_language_modeling" else {"task": {"_name": "fwp_language_modeling"}}
+    hub = TransformerLanguageModel.from_pretrained(str(tmp_path), "checkpoint_last.pt", str(corpora["lm"]),
+                                                   user_dir=PLUGIN_DIR, **named)
+    prompt = open(f"{corpora['raw_lm']}/test.txt").readline().split()[:6]
+    widths = decoder_reads(hub.models[0], monkeypatch)
+    sampled = hub.sample(" ".join(prompt), beam=2, max_len_b=12)
+    assert sampled.split()[:6] == prompt
+    assert widths[0] == 7  # </s> and the prompt's 6 words, in one call

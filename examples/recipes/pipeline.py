@@ -42,6 +42,7 @@ def train_translation(data, save_dir, *flags, max_update=6, lr=0.002, warmup=50,
 
 # Batching flags of each LM task: blocks of tokens, or parallel streams (fwp_stream_lm).
 LM_BATCHING = {"language_modeling": ["--sample-break-mode", "none", "--max-tokens", 1024],
+               "fwp_language_modeling": ["--sample-break-mode", "none", "--max-tokens", 1024],
                "fwp_stream_lm": ["--batch-size", 4]}
 
 
