@@ -10,7 +10,9 @@ AssertionError, on the tiny translation model and the tiny LM:
   tokens), with the fused step and with the rule's own (--fwp-decoding-step is drawn);
 - the fused step decodes as the rule's own step, in float32 and in float64;
 - a prompt given to each causal fast-weight layer in one call, then single tokens, equals its full forward;
-- (LMs) generation with prompts read in one call gives forcing's tokens and the teacher-forced scores;
+- (LMs) generation with prompts read in one call gives forcing's hypotheses and the teacher-forced scores, with a
+  temperature, an adaptive softmax, prompts past a log-probability chunk, holding <unk> or </s> (read as context),
+  and a beam of the vocabulary's size;
 - carry-over: two carried segments of each causal fast-weight layer equal one long one;
 - a left-padded source computes what it computes alone;
 - after a training step, on rows with padding: the combination's backend gives the reference's outputs and
@@ -29,12 +31,13 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
+from fairseq_fwp import sequence_generator
 from fairseq_fwp.modules import fast_weight_attention
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
 from fairseq_fwp.ops import BackendUnavailableError, memory
 from flag_combos import named_flags, refusal
-from helpers import (assert_generates_what_forcing_does, build_lm_model, build_translation_model, prompts,
-                     random_tokens, softmax_in_the_models_dtype)
+from helpers import (assert_generates_what_forcing_does, assert_reads_eos_as_context, build_lm_model,
+                     build_translation_model, prompts, random_tokens, softmax_in_the_models_dtype)
 from nothing_to_check import NothingToCheck, require
 
 TOLERANCE = 2e-4
@@ -222,23 +225,41 @@ def a_prompt_in_one_call_then_single_tokens_equals_the_full_forward(combination,
         close(torch.cat([first, *rest]), full, f"layer {index}, a prompt of {prompt}")
 
 
-# the searches a generation invariant draws from
+# the searches a generation invariant draws from (a beam of the vocabulary's size: its own)
 SEARCHES = {"greedy": {"beam_size": 1}, "beam": {"beam_size": 3},
-            "sampling": {"beam_size": 2, "sampling": True, "sampling_topk": 4}}
+            "sampling": {"beam_size": 2, "sampling": True, "sampling_topk": 4}, "beam of the vocabulary": {}}
+# ... the special words its prompts may hold, a temperature, and an adaptive softmax
+SPECIALS = ("none", "unk", "eos", "eos and unk")
+TEMPERATURES = (1.0, 0.6, 1.7)
+ADAPTIVE_SOFTMAX = ("--adaptive-softmax-cutoff", "10,20")
+LOG_PROB_CHUNK = 4  # the generator's positions per log-probability chunk, so that these prompts cross chunks
 
 
 @runs_here
-def a_prompt_read_in_one_call_generates_what_forcing_does(combination, seed, search):
-    """(LM only: test_model_properties.ONLY) Prompts of different lengths (some empty), read in one call
-    (FastWeightSequenceGenerator): the tokens of fairseq's forcing, and the model's teacher-forced
-    log-probabilities as positional scores, in float64."""
-    model, d = build(combination)
+def a_prompt_read_in_one_call_generates_what_forcing_does(combination, seed, search, specials="none",
+                                                          temperature=1.0, adaptive_softmax=0):
+    """(LM only: test_model_properties.ONLY) Prompts of 0 to 12 tokens, several of them past a log-probability
+    chunk, read in one call (FastWeightSequenceGenerator): the hypotheses of fairseq's forcing (tokens, positional
+    scores, scores), the positional scores the model's teacher-forced log-probabilities at temperature 1, in
+    float64. A prompt may hold <unk> (forced, less --unkpen) and </s> (read as context, where forcing would end:
+    then every hypothesis holds its prompt and goes on, and a sentence generates what it does alone)."""
+    model, d = build(combination, extra=ADAPTIVE_SOFTMAX if adaptive_softmax else ())
     model.double()
-    lengths = torch.randint(0, 9, (3,), generator=torch.Generator().manual_seed(seed)).tolist()
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 13, (3,), generator=g).tolist()
     sample, prefix = prompts(d, lengths, seed)
-    with softmax_in_the_models_dtype():
-        assert_generates_what_forcing_does(model, d, sample, prefix, search_options=SEARCHES[search], max_len_b=14,
-                                           seed=seed)
+    words = {"unk": d.unk(), "eos": d.eos()}
+    for name in specials.split(" and "):
+        for row in [row for row, length in enumerate(lengths) if length][:2] if name in words else ():
+            prefix[row, int(torch.randint(0, lengths[row], (), generator=g))] = words[name]
+    sample["net_input"]["src_tokens"][:, 1:] = prefix
+    options = dict(search_options=SEARCHES[search] or {"beam_size": len(d) - 1}, max_len_b=20, seed=seed,
+                   temperature=temperature, unk_penalty=0.5 if "unk" in specials else 0.0)
+    holds_eos = bool(prefix.eq(d.eos()).any())
+    check = assert_reads_eos_as_context if holds_eos else assert_generates_what_forcing_does
+    with softmax_in_the_models_dtype(), mock.patch.object(sequence_generator, "LOG_PROB_CHUNK", LOG_PROB_CHUNK):
+        check(model, d, sample, prefix, scores_are_the_models=temperature == 1 and "unk" not in specials,
+              **options)
 
 
 @runs_here

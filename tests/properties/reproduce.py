@@ -31,6 +31,18 @@ INVARIANTS = {f.__name__: f for f in (*op_invariants.OP_INVARIANTS, *model_invar
 DRAWS = {"None": None, "torch.float32": torch.float32, "torch.float64": torch.float64}
 
 
+def parsed_draw(text):
+    """A draw as model_command writes it: None, a dtype, an int, a float or a string."""
+    if text in DRAWS:
+        return DRAWS[text]
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
+
+
 def model_command(invariant, combination, seed, draws=()):
     """The command line that reruns `invariant` on a model example."""
     extra = [arg for draw in draws for arg in ("--draw", repr(draw) if isinstance(draw, torch.dtype) else str(draw))]
@@ -58,7 +70,7 @@ def main(argv=None):
         if args.case:
             invariant(eval(args.case, {"OpCase": OpCase, "torch": torch}))
         else:
-            draws = [DRAWS[d] if d in DRAWS else int(d) if d.lstrip("-").isdigit() else d for d in args.draw]
+            draws = [parsed_draw(d) for d in args.draw]
             invariant(Combination(args.arch, tuple(argv[split + 1:])), args.seed, *draws)
     except NothingToCheck as why:
         print(f"{args.invariant}: nothing to check on this example ({why})")

@@ -18,11 +18,13 @@ from reproduce import model_command
 
 SEEDS = st.integers(0, 2**16)
 # each invariant's own draws beside the combination and a seed
-EXTRA = {invariants.decoding_equals_the_full_forward: st.sampled_from([None, 2, 5]),  # factors held for ... tokens
-         invariants.the_fused_step_decodes_as_the_rules_own: st.sampled_from([torch.float32, torch.float64]),
-         invariants.a_prompt_in_one_call_then_single_tokens_equals_the_full_forward: st.integers(1, 7),
-         invariants.two_carried_segments_equal_one_long_one: st.integers(1, 8),
-         invariants.a_prompt_read_in_one_call_generates_what_forcing_does: st.sampled_from(sorted(invariants.SEARCHES))}
+EXTRA = {invariants.decoding_equals_the_full_forward: (st.sampled_from([None, 2, 5]),),  # factors held for ... tokens
+         invariants.the_fused_step_decodes_as_the_rules_own: (st.sampled_from([torch.float32, torch.float64]),),
+         invariants.a_prompt_in_one_call_then_single_tokens_equals_the_full_forward: (st.integers(1, 7),),
+         invariants.two_carried_segments_equal_one_long_one: (st.integers(1, 8),),
+         invariants.a_prompt_read_in_one_call_generates_what_forcing_does: (
+             st.sampled_from(list(invariants.SEARCHES)), st.sampled_from(invariants.SPECIALS),
+             st.sampled_from(invariants.TEMPERATURES), st.integers(0, 1))}  # adaptive softmax: 1
 # the architectures an invariant is about, where not both
 ONLY = {invariants.a_left_padded_source_computes_what_it_computes_alone: ("translation",),
         invariants.a_prompt_read_in_one_call_generates_what_forcing_does: ("lm",)}
@@ -53,7 +55,7 @@ def test_every_combination_of_flags(invariant, family, feature_map):
                 event("nothing to check: refused for the family's own flags")
                 reject()
             note(f"taken: {combination.command()}")
-        extra = [data.draw(EXTRA[invariant], label="draw")] if invariant in EXTRA else []
+        extra = [data.draw(strategy, label="draw") for strategy in EXTRA.get(invariant, ())]
         seed = data.draw(SEEDS, label="seed")
         note(f"reproduce: {model_command(invariant, combination, seed, extra)}")
         try:
