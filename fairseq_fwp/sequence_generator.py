@@ -45,19 +45,22 @@ class PromptReadingEnsemble(EnsembleModel):
 
     def __init__(self, models):
         super().__init__(models)
-        self.prompts = self.served = self.skipped_scores = None
+        self.prompts = self.served = self.skipped_scores = self.history = self.after_prompt = self.read = None
         self.skipped = 0
 
     def reads_prompts(self):
         return not self.has_encoder() and all(
             isinstance(getattr(m, "decoder", None), FastWeightTransformerDecoder) for m in self.models)
 
-    def read_prompts(self, prompts, lengths, steps, skipped=0):
+    def read_prompts(self, prompts, lengths, steps, skipped=0, history=None):
         """At the next first step: every row reads its prompt, prompts ``[sentences, P]`` (left-aligned,
         padding after), of `lengths` ``[sentences]`` tokens, before at most `steps` more steps; the loop's
-        steps start `skipped` positions into them. None: fairseq's own steps."""
+        steps start `skipped` positions into them; from a session's `history` (session.History) where given,
+        which then gets the state after the prompt (after_prompt) and the columns read (read). None: fairseq's
+        own steps."""
         self.prompts = None if prompts is None else (prompts, lengths, steps)
-        self.served, self.skipped = None, skipped
+        self.served, self.skipped, self.history = None, skipped, history
+        self.after_prompt = self.read = None
 
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
         step = tokens.size(1) - 1 + self.skipped  # the position in the whole sequence
@@ -95,17 +98,25 @@ class PromptReadingEnsemble(EnsembleModel):
         prompts, lengths = prompts.repeat_interleave(beam, 0), lengths.repeat_interleave(beam, 0)
         rows, longest = prompts.shape
         column = torch.arange(longest + 1, device=tokens.device)
-        bos_and_prompt = torch.cat([tokens[:, :1], prompts], 1).masked_fill(column > lengths.unsqueeze(1), self._pad)
+        first = tokens[:, :1] if self.history is None else self.history.first(tokens[:, :1])
+        bos_and_prompt = torch.cat([first, prompts], 1).masked_fill(column > lengths.unsqueeze(1), self._pad)
         shift = longest - lengths  # padding before each row's bos
         fed = bos_and_prompt.gather(1, (column - shift.unsqueeze(1)) % (longest + 1))  # each row moved right
         after_each = torch.cat([fed[:, 1:], fed[:, :1]], 1)  # the token after each column (the last: unused)
+        if self.history is not None:  # the session's state, and the columns it has read before these
+            for index, state in enumerate(incremental_states):
+                state.update(self.history.replicated(index, rows))
+            fed = torch.cat([self.history.read_before(rows), fed], 1)
         chosen, after = self._log_probs(fed, incremental_states, temperature, targets=after_each)
+        if self.history is not None:
+            self.after_prompt = [self.history.row_copy(index, state) for index, state in enumerate(incremental_states)]
+            self.read = fed[:1].clone()
         # position i of row r forces its prompt's token i, read after column shift_r + i
         forced = chosen.gather(1, (shift.unsqueeze(1) + column[:longest]).clamp(max=longest))
-        room = fed.new_full((rows, longest + 1 + steps), self._pad)  # and the columns the steps will read
-        room[:, :longest + 1] = fed
+        room = fed.new_full((rows, fed.size(1) + steps), self._pad)  # and the columns the steps will read
+        room[:, :fed.size(1)] = fed
         self.served = {"lengths": lengths, "forced": forced, "after": after, "prompts": prompts, "fed": room,
-                       "width": longest + 1}
+                       "width": fed.size(1)}
         self.skipped_scores = forced[::beam, :self.skipped]  # per sentence, in the batch's order
 
     def _served(self, step, lprobs):
@@ -173,25 +184,35 @@ class FastWeightSequenceGenerator(SequenceGenerator):
 
     def __init__(self, models, tgt_dict, **kwargs):
         super().__init__(PromptReadingEnsemble(models), tgt_dict, **kwargs)
-        self._skipped_prompts = None
+        self._skipped_prompts = self._history = None
 
-    def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
+    def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None, history=None):
+        """fairseq's, and with `history` (a session's session.History) a turn of that session: its prompt read
+        from the history's state, its hypotheses scored as the whole history's, and the best one kept."""
         src_tokens = sample["net_input"]["src_tokens"]
+        if history is not None:
+            history.check(self.model.models, src_tokens.size(0))
+            if prefix_tokens is None or not self.model.reads_prompts():
+                raise ValueError("a session's turn needs its input as prefix_tokens, and fast-weight decoders")
         requested = (int(sample["net_input"]["src_lengths"].max()) if self.match_source_len
                      else int(self.max_len_a * src_tokens.size(1) + self.max_len_b))
-        self._check_length(requested)
+        self._check_length(requested, 0 if history is None else history.tokens_read)
         max_len = min(requested, self.max_len - 1)
         prompts, lengths = self._prompts(prefix_tokens, max_len)
         skipped = int(lengths.min()) if prompts is not None and self._can_skip(constraints) else 0
-        self.model.read_prompts(prompts, lengths, max_len + 2, skipped)
+        self.model.read_prompts(prompts, lengths, max_len + 2, skipped, history)
         self._skipped_prompts = prompts[:, :skipped] if skipped else None
+        self._history = history
         try:
             with self._starting_after(skipped):
-                return super()._generate(sample, None if prefix_tokens is None or prefix_tokens.size(1) <= skipped
-                                         else prefix_tokens[:, skipped:], constraints, bos_token)
+                finalized = super()._generate(sample, None if prefix_tokens is None or prefix_tokens.size(1) <= skipped
+                                              else prefix_tokens[:, skipped:], constraints, bos_token)
+            if history is not None:
+                history.keep(self.model.read, self.model.after_prompt, prompts[0, :int(lengths[0])], finalized[0][0])
+            return finalized
         finally:
             self.model.read_prompts(None, None, 0)
-            self._skipped_prompts = None
+            self._skipped_prompts = self._history = None
 
     def _prompts(self, prefix_tokens, max_len):
         """(prompts, their lengths) where every model reads prompts and every row's prompt is a prefix of its
@@ -257,37 +278,44 @@ class FastWeightSequenceGenerator(SequenceGenerator):
         before = [len(hypotheses) for hypotheses in finalized]
         done = super().finalize_hypos(step, bbsz_idx, eos_scores, tokens, scores, finalized, finished, beam_size,
                                       attn, src_lengths, max_len)
-        if self._skipped_prompts is not None:
+        if self._skipped_prompts is not None or self._history is not None:
             for sentence, hypotheses in enumerate(finalized):
                 for hypothesis in hypotheses[before[sentence]:]:
-                    self._with_skipped_prompt(hypothesis, sentence)
+                    self._made_whole(hypothesis, sentence)
         return done
 
-    def _with_skipped_prompt(self, hypothesis, sentence):
-        """A hypothesis finished by the loop that started after the skipped prompt positions, made whole: their
-        tokens and scores before its own, and its score normalised by its whole length, as forcing's."""
-        prompt = self._skipped_prompts[sentence]
-        skipped = self.as_forced(self.model.skipped_scores[sentence], prompt).to(hypothesis["positional_scores"])
-        positional = torch.cat([skipped, hypothesis["positional_scores"]])
-        hypothesis["tokens"] = torch.cat([prompt, hypothesis["tokens"]])
-        hypothesis["positional_scores"] = positional
-        total = positional.sum()
-        hypothesis["score"] = total / len(positional) ** self.len_penalty if self.normalize_scores else total
+    def _made_whole(self, hypothesis, sentence):
+        """A hypothesis finished by the loop that started after the skipped prompt positions, or in a session's
+        turn, made whole: the skipped positions' tokens and scores before its own, and its score the whole
+        sequence's (the session's history included), normalised by its whole length, as forcing's."""
+        positional = hypothesis["positional_scores"]
+        if self._skipped_prompts is not None:
+            prompt = self._skipped_prompts[sentence]
+            skipped = self.as_forced(self.model.skipped_scores[sentence], prompt).to(positional)
+            positional = torch.cat([skipped, positional])
+            hypothesis["tokens"] = torch.cat([prompt, hypothesis["tokens"]])
+            hypothesis["positional_scores"] = positional
+        total, length = positional.sum(), len(positional)
+        if self._history is not None:
+            total, length = total + self._history.score, length + self._history.length
+        hypothesis["score"] = total / length ** self.len_penalty if self.normalize_scores else total
 
     def as_forced(self, log_probs, tokens):
         """What forcing scores the tokens with log-probabilities `log_probs`: less the unknown word's penalty."""
         return log_probs - self.unk_penalty * tokens.eq(self.unk).to(log_probs)
 
-    def _check_length(self, requested):
+    def _check_length(self, requested, read=0):
         """fairseq cuts a generation silently at the models' positions: a fast-weight model with positions that
-        do not restart is refused a longer one, naming its limit."""
+        do not restart is refused a longer one, naming its limit (a session's history, `read` tokens, counts)."""
         limit = self.model.max_decoder_positions()
-        if requested > limit - 1 and self.model.reads_prompts():
+        if requested + read > limit - 1 and self.model.reads_prompts():
+            session = f"the session has read {read} tokens, and " if read else ""
             raise ValueError(
-                f"--max-len-a {self.max_len_a} --max-len-b {self.max_len_b} ask for up to {requested} tokens, the "
-                f"prompt's included, and the model has {limit} positions: ask for at most {limit - 1}, or give its "
-                "positions a period (--fwp-position-period, which fwp_stream_lm sets to its segments' length: "
-                "finetune it there) so that it reads and generates past them with its fast weights carried")
+                f"{session}--max-len-a {self.max_len_a} --max-len-b {self.max_len_b} ask for up to {requested} "
+                f"tokens, the prompt's included, and the model has {limit} positions: ask for at most "
+                f"{limit - 1 - read}{', or reset the session' if read else ''}, or give its positions a period "
+                "(--fwp-position-period, which fwp_stream_lm sets to its segments' length: finetune it there) so "
+                "that it reads and generates past them with its fast weights carried")
 
 
 class _SamplingAfter:

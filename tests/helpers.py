@@ -216,10 +216,11 @@ def softmax_in_the_models_dtype():
         yield
 
 
-def generated(generator_class, model, d, sample, prefix, seed=0, search_options=(), **options):
+def generated(generator_class, model, d, sample, prefix, seed=0, search_options=(), history=None, bos_token=None,
+              **options):
     """generator_class([model], d, ...).generate with prefix_tokens, torch's generator seeded first (sampling);
     search_options: beam_size, or sampling=True with sampling_topk, or diverse=(groups, strength) (diverse beam
-    search)."""
+    search); history: a session's turn (session.History); bos_token: what the generation starts from (</s>)."""
     from fairseq import search
 
     options = {**dict(search_options), **options}
@@ -230,7 +231,8 @@ def generated(generator_class, model, d, sample, prefix, seed=0, search_options=
     generator = generator_class([model], d, **options)
     torch.manual_seed(seed)
     with torch.no_grad():
-        return generator.generate([model], sample, prefix_tokens=prefix)
+        return generator.generate([model], sample, prefix_tokens=prefix, bos_token=bos_token,
+                                  **({} if history is None else {"history": history}))
 
 
 def read_in_one_call(model, d, sample, prefix, **options):

@@ -16,17 +16,16 @@ from typing import Optional
 from fairseq.data import TokenBlockDataset
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
-from fairseq.tasks.language_modeling import LanguageModelingConfig
 from omegaconf import II
 
-from ..tasks.language_modeling import FastWeightLanguageModelingTask
+from ..tasks.language_modeling import FastWeightLanguageModelingConfig, FastWeightLanguageModelingTask
 from .exactness import check_training_config
 from .recorder import DualFormRecorder
 from .storage import STORAGE_DTYPES
 
 
 @dataclass
-class DualFormLanguageModelingConfig(LanguageModelingConfig):
+class DualFormLanguageModelingConfig(FastWeightLanguageModelingConfig):
     dual_form_record: str = field(default="", metadata={
         "help": "comma-separated nn.Linear modules whose training inputs and errors are recorded, "
                 "e.g. decoder.layers.1.fc1,decoder.output_projection"})

@@ -66,6 +66,12 @@ class FastWeightState:
         return FastWeightState(self.memory.to(device), _to(self.key_sum, device),
                                tuple(cache.to(device) for cache in self.convolutions), self.feature_draw)
 
+    def copied(self):
+        """A copy that shares no storage (a session's state, kept while decoding advances the original)."""
+        return FastWeightState(self.memory.copied(), None if self.key_sum is None else self.key_sum.clone(),
+                               tuple(cache.clone() for cache in self.convolutions), self.feature_draw,
+                               self.rows_per_memory)
+
     def check_features(self, draw, what):
         """A memory is only meaningful in the feature space it was written in."""
         if self.feature_draw is not None and self.feature_draw != draw:

@@ -263,6 +263,10 @@ class Memory:
     def to(self, device):
         return self._copy(lambda x: x.to(device))
 
+    def copied(self):
+        """A copy that shares no storage: the original may be advanced and reordered in place."""
+        return self._copy(torch.clone)
+
     def _copy(self, convert):
         fast_weight, keys, writes = (None if x is None else convert(x) for x in (self.fast_weight, self._keys,
                                                                                  self._writes))

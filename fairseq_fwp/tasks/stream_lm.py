@@ -62,7 +62,7 @@ from omegaconf import II
 from ..models.fwp_config import ON_OFF, writable
 from ..modules.fast_weight_attention import FastWeightAttention
 from ..modules.transformer_layers import FastWeightTransformerDecoder
-from .prompt_reading import PromptReading
+from .prompt_reading import PromptReading, session_option
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class StreamLanguageModelingConfig(FairseqDataclass):
                                          "those of the model finetuned, which may be more than a segment's tokens; "
                                          "default: --tokens-per-sample"})
     add_bos_token: bool = field(default=False, metadata={"help": "unused; read by the LM model config"})
+    fwp_session: bool = session_option()
     batch_size: Optional[int] = II("dataset.batch_size")
     train_subset: str = II("dataset.train_subset")
     seed: int = II("common.seed")
@@ -175,7 +176,6 @@ class SegmentStarts:
 class StreamLanguageModelingTask(PromptReading, FairseqTask):
     # Generation reads a prompt as language_modeling does (its functions, which read the options as args)
     build_dataset_for_inference = LanguageModelingTask.build_dataset_for_inference
-    inference_step = LanguageModelingTask.inference_step
 
     @property
     def args(self):

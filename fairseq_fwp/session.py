@@ -1,0 +1,224 @@
+"""Generation that remembers: a session carries a fast-weight LM's state from one input to the next.
+
+A fast-weight decoder holds everything it has read in a state of fixed size (W, z, the short convolutions'
+caches; a hybrid's softmax layers keep their key/value caches, which grow). A session keeps that state, after
+the best hypothesis of each turn, and reads only the next input from it, in one call, before generating
+(FastWeightSequenceGenerator.generate(..., history=...)). A turn generates what generating with the whole
+history as one prompt generates: every earlier input and kept reply in order, each reply followed by the </s>
+that ended it, then the new input (tests/test_session.py holds the tokens, positional scores and scores equal,
+in float64). Each turn's length limit (--max-len-a/b) counts that turn's input, not the history.
+
+- ``History``: what the decoders have read, for one conversation: the columns read, each model's incremental
+  state (batch 1), and the history's summed positional scores and length (a turn's hypothesis is scored as the
+  whole history's); saved to a file and loaded again by the same model only.
+- ``Session``: the hub's way, ``Session(TransformerLanguageModel.from_pretrained(...))`` then ``reply(text)``.
+- The plugin's LM tasks take ``--fwp-session``: fairseq-interactive continues the session with every input line,
+  and an empty line starts a new one (tasks/prompt_reading.py).
+"""
+import copy
+import hashlib
+
+import torch
+from omegaconf import open_dict
+
+from .modules.feature_maps import FeatureMap
+from .modules.state import FastWeightState, buffer_tensors
+
+FORMAT = "fairseq-fwp session 1"
+
+
+def feature_draws(models):
+    """Each random feature map's draw (FAVOR+), in module order: a state is only meaningful in the features it was
+    written with."""
+    return [[m.draw for m in model.modules() if isinstance(m, FeatureMap) and m.draw is not None] for model in models]
+
+
+def fingerprint(models):
+    """A digest of the models' classes, parameters and buffers: a saved session loads into these models only."""
+    digest = hashlib.sha256()
+    for model in models:
+        digest.update(type(model).__qualname__.encode())
+        for name, tensor in model.state_dict().items():
+            digest.update(name.encode())
+            digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _copied(incremental_state):
+    """A copy of fairseq's incremental state that shares no storage with it."""
+    return {key: value.copied() if isinstance(value, FastWeightState)
+            else {name: None if x is None else x.clone() for name, x in value.items()}
+            for key, value in incremental_state.items()}
+
+
+class History:
+    """What a session's decoders have read (one conversation: batch 1)."""
+
+    def __init__(self, models, dictionary):
+        self.models, self.dictionary = list(models), dictionary
+        self.draws = feature_draws(self.models)
+        self.reset()
+
+    def reset(self):
+        device = next(self.models[0].parameters()).device
+        self.columns = torch.empty((1, 0), dtype=torch.long, device=device)  # every column read, padding none
+        self.states = [{} for _ in self.models]
+        self.score, self.length = 0.0, 0  # the kept hypotheses' summed positional scores, and their tokens
+        self.last = None  # the token that ended the last kept hypothesis (</s>), read at the next turn's start
+
+    @property
+    def tokens_read(self):
+        return self.columns.size(1)
+
+    def state_bytes(self):
+        """Bytes of the decoders' state: W, z and the short convolutions' caches, of fixed size; a softmax layer's
+        keys and values, which grow with the history. (The columns read, which fairseq's decoders take whole, are
+        8 bytes a token more.)"""
+        held = [x for state in self.states for buffer in state.values() for x in buffer_tensors(buffer)]
+        return sum(x.numel() * x.element_size() for x in held)
+
+    # -- a turn (FastWeightSequenceGenerator) ---------------------------------------------------
+
+    def check(self, models, sentences):
+        """Refuses, before any work, a turn this history cannot continue."""
+        if [id(m) for m in models] != [id(m) for m in self.models]:
+            raise ValueError("this session was started with other models: start a new one for these")
+        if sentences != 1:
+            raise ValueError(f"a session continues one conversation: give one input at a time, not {sentences}")
+        draws = feature_draws(self.models)
+        if draws != self.draws:
+            raise ValueError(f"the models' random features were redrawn (FAVOR+ draws {self.draws} -> {draws}) "
+                             "since the session read its history: its state cannot be read with them; reset it")
+
+    def first(self, bos):
+        """The column a turn reads first: the loop's bos at the start, else the </s> that ended the last reply."""
+        return bos if self.last is None else bos.new_full(bos.shape, self.last)
+
+    def replicated(self, index, rows):
+        """Model `index`'s state, a copy for each of `rows` rows."""
+        state = _copied(self.states[index])
+        if state:
+            self.models[index].decoder.reorder_incremental_state_scripting(
+                state, torch.zeros(rows, dtype=torch.long, device=self.columns.device))
+        return state
+
+    def read_before(self, rows):
+        """The columns read so far, for each of `rows` rows (the decoders read the columns past them)."""
+        return self.columns.expand(rows, -1)
+
+    def row_copy(self, index, state):
+        """A batch-1 copy of row 0 of model `index`'s incremental state (every row of a turn's prompt is alike)."""
+        state = _copied(state)
+        self.models[index].decoder.reorder_incremental_state_scripting(
+            state, torch.zeros(1, dtype=torch.long, device=self.columns.device))
+        return state
+
+    def keep(self, read, after_prompt, prompt, hypothesis):
+        """The history after a turn: `read` (the columns the turn read before its first new token) and the kept
+        `hypothesis`'s reply, read from `after_prompt` (each model's state there) in one call."""
+        reply = hypothesis["tokens"][prompt.numel():-1]
+        columns = torch.cat([read[:1], reply.unsqueeze(0)], 1)
+        with torch.no_grad():
+            for model, state in zip(self.models, after_prompt):
+                if reply.numel():
+                    model.decoder(columns, incremental_state=state, features_only=True)
+        self.columns, self.states, self.last = columns, after_prompt, int(hypothesis["tokens"][-1])
+        self.score += float(hypothesis["positional_scores"].double().sum())
+        self.length += hypothesis["tokens"].numel()
+
+    # -- a file ------------------------------------------------------------------------------------
+
+    def save(self, path):
+        """Writes the history to `path`, with the models' fingerprint (plain tensors: loads with weights_only)."""
+        torch.save({"format": FORMAT, "fingerprint": fingerprint(self.models), "draws": self.draws,
+                    "columns": self.columns.cpu(), "score": self.score, "length": self.length, "last": self.last,
+                    "states": [self._saved(model, state) for model, state in zip(self.models, self.states)]}, path)
+
+    def load(self, path):
+        """Reads a history that `save` wrote for these models; refuses one written for other models."""
+        saved = torch.load(path, map_location=self.columns.device, weights_only=True)
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a session file ({FORMAT})")
+        if saved["fingerprint"] != fingerprint(self.models):
+            raise ValueError(f"{path} holds a session of another model (other parameters or architecture): it "
+                             "can only continue with the model that wrote it")
+        self.draws = saved["draws"]
+        self.columns, self.score, self.length, self.last = saved["columns"], saved["score"], saved["length"], \
+            saved["last"]
+        self.states = [self._loaded(model, state) for model, state in zip(self.models, saved["states"])]
+
+    @staticmethod
+    def _ids(model):
+        """fairseq's incremental-state id of each module that has one, in module order."""
+        return [m._incremental_state_id for m in model.modules() if hasattr(m, "_incremental_state_id")]
+
+    def _saved(self, model, state):
+        """The state with its keys by module order (fairseq keys them by a random id per module object)."""
+        index = {module_id: i for i, module_id in enumerate(self._ids(model))}
+        saved = {}
+        for key, value in state.items():
+            module_id, name = key.split(".", 1)
+            value = {"fwp_state": value.as_dict()} if isinstance(value, FastWeightState) else dict(value)
+            saved[f"{index[module_id]}.{name}"] = value
+        return saved
+
+    def _loaded(self, model, saved):
+        ids = self._ids(model)
+        state = {}
+        for key, value in saved.items():
+            position, name = key.split(".", 1)
+            state[f"{ids[int(position)]}.{name}"] = (FastWeightState.from_dict(value["fwp_state"])
+                                                      if "fwp_state" in value else value)
+        return state
+
+
+class Session:
+    """A conversation with a fast-weight LM loaded through fairseq's hub (``from_pretrained``): each ``reply``
+    reads only the new input, from the state the earlier inputs and replies left, and keeps the best hypothesis
+    (the first, as fairseq prints it)."""
+
+    def __init__(self, hub):
+        from .sequence_generator import PromptReadingEnsemble
+
+        if not PromptReadingEnsemble(hub.models).reads_prompts():
+            raise ValueError("a session needs fast-weight language models (fwp_transformer_lm): these keep no "
+                             "state of fixed size to continue from")
+        self.hub = hub
+        self.history = History(hub.models, hub.task.source_dictionary)
+
+    def reply(self, text, beam=5, **options):
+        """The reply to `text` (fairseq's generation options as the hub's sample() takes them)."""
+        tokens = self.hub.encode(text)[:-1]  # without its </s>: the prompt goes on
+        hypothesis = self.generate(tokens, beam=beam, **options)[0]
+        return self.hub.decode(hypothesis["tokens"][tokens.numel():-1])
+
+    def generate(self, tokens, beam=5, **options):
+        """This turn's hypotheses for the input `tokens` (1-D), each its tokens (the input, the reply, </s>),
+        positional scores and score (the whole history's, as when it is given as one prompt)."""
+        from .sequence_generator import FastWeightSequenceGenerator
+
+        generation = copy.deepcopy(self.hub.cfg.generation)
+        with open_dict(generation):
+            generation.beam = beam
+            for name, value in options.items():
+                setattr(generation, name, value)
+        task, dictionary = self.hub.task, self.hub.task.source_dictionary
+        generator = task.build_generator(self.hub.models, generation, seq_gen_cls=FastWeightSequenceGenerator)
+        tokens = tokens.to(self.history.columns.device)
+        # language_modeling's bos: <s> where the model was trained with it, else </s>
+        bos = dictionary.bos() if getattr(getattr(task, "args", None), "add_bos_token", False) else dictionary.eos()
+        sample = {"net_input": {"src_tokens": torch.cat([tokens.new_tensor([bos]), tokens]).unsqueeze(0),
+                                "src_lengths": tokens.new_tensor([tokens.numel() + 1])}}
+        with torch.no_grad():
+            return generator.generate(self.hub.models, sample, prefix_tokens=tokens.unsqueeze(0), bos_token=bos,
+                                      history=self.history)[0]
+
+    def reset(self):
+        self.history.reset()
+
+    def save(self, path):
+        self.history.save(path)
+
+    def load(self, path):
+        self.history.load(path)
