@@ -31,13 +31,36 @@ os.environ.setdefault("FAIRSEQ_FWP_PRELOAD", "1")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The GPU tests are the ones named test_gpu_*: marked gpu (scripts/gpu_check.py runs `-m gpu`), and
-    skipped without CUDA."""
+    """The GPU tests are the ones named test_gpu_*, each run where its `gpu` fixture says: on a GPU, marked gpu
+    (scripts/gpu_check.py runs `-m gpu`) and skipped without CUDA; on the CPU's stand-in of CUDA, in CI (where
+    a GPU runs the test itself, the stand-in skips)."""
     for item in items:
-        if item.name.startswith("test_gpu_"):
+        if not item.name.startswith("test_gpu_"):
+            continue
+        if "gpu" not in item.fixturenames:
+            raise pytest.UsageError(f"{item.nodeid} takes no `gpu` fixture: every GPU test's own code runs on the "
+                                    "CPU's stand-in of CUDA too (tests/cuda_stand_in.py)")
+        if item.callspec.params["gpu"] == "cuda":
             item.add_marker(pytest.mark.gpu)
             if not torch.cuda.is_available():
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        elif torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="on a GPU the test itself runs"))
+
+
+@pytest.fixture(params=["cuda", "stand-in"])
+def gpu(request, monkeypatch):
+    """Where a GPU test runs: "cuda", a CUDA GPU; or "stand-in", the CPU standing in for CUDA
+    (tests/cuda_stand_in.py): the test's own code as on a GPU, tensors sent to CUDA kept apart from the CPU's,
+    the kernels computed by their CPU stand-ins. A test parametrizes it with on_gpu_and_stand_in to run
+    other cases on each."""
+    if request.param == "cuda":
+        yield request.param
+        return
+    from cuda_stand_in import cuda_stood_in_for
+
+    with cuda_stood_in_for(monkeypatch):
+        yield request.param
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("fairseq")
 
+from cuda_stand_in import on_gpu_and_stand_in  # noqa: E402
 from helpers import build_translation_model, random_tokens  # noqa: E402
 from fairseq_fwp.modules.attention_options import AttentionOptions  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
@@ -74,9 +75,9 @@ def test_auto_logs_each_choice_once_per_model_with_its_reason(caplog):
                      "--fwp-decoding-step auto fuses each decoding read of the source memory (csrc/fast_weight_step.h)"]
 
 
-@pytest.mark.parametrize("rule", ["sum", "delta"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_decoding_equals_full_forward(rule, dtype):
+@on_gpu_and_stand_in("rule, dtype", [(r, d) for r in ("sum", "delta") for d in (torch.float32, torch.bfloat16)],
+                     [("delta", torch.bfloat16)])
+def test_gpu_decoding_equals_full_forward(gpu, rule, dtype):
     """On a GPU with backend auto (fla): the full forward takes the chunk kernels in bfloat16,
     every decoding step the recurrent one."""
     model, d = build_translation_model(*flags("dpfp", rule, "off"))

@@ -6,6 +6,7 @@ import torch
 
 from fairseq_fwp.ops import fast_weight, fast_weight_state, fast_weight_step_, fla, Memory
 from fairseq_fwp.testing import triton_interpreter
+from cuda_stand_in import on_gpu_and_stand_in
 from helpers import assert_all_close, build_lm_model, relative_errors
 
 RULES = ("gla", "kda", "gdn2")
@@ -59,7 +60,8 @@ def results(rule, inputs, run):
     """{"out", "state", "d<name>"} of run(q, k, v, beta, log_decay, W0): fresh gradients of a random loss."""
     out, W = run(*inputs)
     g = torch.Generator().manual_seed(1)
-    loss = sum((y.double() * torch.randn(y.shape, generator=g, dtype=torch.float64)).sum() for y in (out, W))
+    loss = sum((y.double() * torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.device)).sum()
+               for y in (out, W))
     names = [n for n, x in zip(("dq", "dk", "dv", "dbeta", "ddecay", "dstate"), inputs) if x is not None]
     grads = torch.autograd.grad(loss, [x for x in inputs if x is not None])
     return {"out": out.detach(), "state": W.detach(), **dict(zip(names, grads))}
@@ -232,16 +234,17 @@ def test_uptraining_starts_as_the_matching_ungated_rule(rule):
     assert (got - want).abs().max() / want.abs().max() < 1e-3
 
 
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_fla_matches_the_recurrence(rule, dtype):
+@on_gpu_and_stand_in("rule, dtype, shape",
+                     [(r, d, (2, 12, 200, 64, 64)) for r in RULES for d in (torch.float16, torch.bfloat16)],
+                     [("gla", torch.bfloat16, (1, 2, 40, 16, 8)), ("gdn2", torch.float16, (1, 2, 40, 16, 8))])
+def test_gpu_fla_matches_the_recurrence(gpu, rule, dtype, shape):
     """fla's chunk kernels on a GPU, in half types, with every gradient (and auto picks them there)."""
     from fairseq_fwp.ops.backends import resolved_name
 
     inputs = [None if x is None else x.detach().cuda().requires_grad_()
-              for x in make(rule, 2, 12, 200, 64, 64, dtype=dtype, forgets=True)]
+              for x in make(rule, *shape, dtype=dtype, forgets=True)]
     inputs[5] = inputs[5].detach().float().requires_grad_()
     got = results(rule, inputs, op(rule, "fla"))
     want = results(rule, widened(inputs), lambda *x: recurrence(rule, *x))
     assert max(relative_errors(got, want).values()) < 3e-2, relative_errors(got, want)
-    assert resolved_name("auto", inputs[0], 64, rule=rule) == "fla"
+    assert resolved_name("auto", inputs[0], shape[-1], rule=rule) == "fla"

@@ -3,7 +3,9 @@ step-by-step reference.
 
 Every kernel form also runs on CPU tensors through Triton's interpreter, in
 test_fla_interpreted.py. fla is installed in the test environment: these
-tests must not skip on the CPU, but the GPU ones.
+tests must not skip on the CPU, but the GPU ones, whose own code runs on
+the CPU's stand-in of CUDA instead (tests/cuda_stand_in.py: each rule's
+chunked form computing for fla).
 """
 import contextlib
 import json
@@ -18,6 +20,7 @@ from fairseq_fwp.ops import BackendUnavailableError, fast_weight_delta, fast_wei
 from fairseq_fwp.ops import fla, fla_guards
 from fairseq_fwp.ops.backends import resolved_name
 from fairseq_fwp.testing import triton_interpreter
+from cuda_stand_in import on_gpu_and_stand_in
 from helpers import make_decay, make_inputs, outputs_and_grads, relative_errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,8 +122,12 @@ GATED_RULES = ("gated-sum", "gated-delta", "gated-delta-product")
 
 
 @pytest.mark.slow  # a new process
-def test_auto_routes_around_fla_where_fla_refuses_its_gated_backward_on_hopper():
-    report = on_a_faked_gpu("NVIDIA H200", (9, 0), "3.6.0")
+@pytest.mark.parametrize("name, capability, triton_version", [
+    ("NVIDIA H200", (9, 0), "3.6.0"),  # torch 2.11's Triton
+    ("NVIDIA GH200 480GB", (9, 0), "3.7.0"),  # torch 2.12.0's; Hopper by its compute capability alone
+])
+def test_auto_routes_around_fla_where_fla_refuses_its_gated_backward_on_hopper(name, capability, triton_version):
+    report = on_a_faked_gpu(name, capability, triton_version)
     for rule in GATED_RULES:
         refused = report[f"{rule} True"]
         # fla's own words, which say what to install
@@ -138,7 +145,7 @@ def test_auto_routes_around_fla_where_fla_refuses_its_gated_backward_on_hopper()
 
 @pytest.mark.slow  # a new process
 @pytest.mark.parametrize("name, capability, triton_version", [
-    ("NVIDIA H100 80GB HBM3", (9, 0), "3.7.1"),  # a Triton that fla trusts on Hopper
+    ("NVIDIA H100 80GB HBM3", (9, 0), "3.7.1"),  # a Triton that fla trusts on Hopper (torch 2.12.1's)
     ("NVIDIA A100-SXM4-80GB", (8, 0), "3.6.0"),  # not Hopper
 ])
 def test_auto_keeps_fla_where_fla_takes_the_gated_backward(name, capability, triton_version):
@@ -147,7 +154,7 @@ def test_auto_keeps_fla_where_fla_takes_the_gated_backward(name, capability, tri
     assert report["op"] == "ran" and report["kernel calls"] == 1
 
 
-# -- on a GPU: fla's real kernels ----------------------------------------------------
+# -- on a GPU: fla's real kernels (on the stand-in: the chunked form) ----------------
 
 
 def on_gpu(inputs, gate, dtype):
@@ -173,12 +180,18 @@ def gate_for(rule, shape):
     return {"decay": make_decay(*shape[:3], dtype=torch.float32, low=0.8)} if rule.startswith("gated") else {}
 
 
-@pytest.mark.parametrize("rule", GPU_RULES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 # The first shape has the heads and head size of examples/speed/train_step.py's GPT-2-small rows, whose
 # training then finds these kernels compiled in the GPU check's Triton cache (H and D are compile-time).
-@pytest.mark.parametrize("shape", [(2, 12, 200, 64, 64), (1, 2, 77, 256, 32), (2, 2, 1, 128, 128)])
-def test_gpu_half_types_match_reference(rule, dtype, shape):
+GPU_SHAPES = [(2, 12, 200, 64, 64), (1, 2, 77, 256, 32), (2, 2, 1, 128, 128)]
+# On the stand-in (the chunked form computing for fla): two chunks of 64, the second partial; one step.
+STAND_IN_SHAPES = [(1, 2, 70, 16, 8), (2, 1, 1, 8, 12)]
+
+
+@on_gpu_and_stand_in("rule, dtype, shape",
+                     [(r, d, s) for r in GPU_RULES for d in (torch.float16, torch.bfloat16) for s in GPU_SHAPES],
+                     [("gated-delta", torch.bfloat16, STAND_IN_SHAPES[0]), ("sum", torch.float16, STAND_IN_SHAPES[0]),
+                      ("delta", torch.float16, STAND_IN_SHAPES[1])])
+def test_gpu_half_types_match_reference(gpu, rule, dtype, shape):
     inputs, gate = on_gpu(make_inputs(*shape, dtype=torch.float32), gate_for(rule, shape), dtype)
     got, want = against_reference(rule, inputs, gate)
     assert got["out"].dtype == dtype
@@ -186,10 +199,10 @@ def test_gpu_half_types_match_reference(rule, dtype, shape):
     assert max(errors.values()) < 3e-2, errors
 
 
-@pytest.mark.parametrize("rule", ["sum", "delta", "gated-sum"])
-@pytest.mark.parametrize("with_state", [False, True])
-def test_gpu_float32_matches_reference(rule, with_state):
-    shape = (2, 4, 333, 64, 48)
+@on_gpu_and_stand_in("rule, with_state, shape",
+                     [(r, w, (2, 4, 333, 64, 48)) for r in ("sum", "delta", "gated-sum") for w in (False, True)],
+                     [("gated-sum", True, (1, 2, 20, 16, 8)), ("delta", False, (1, 2, 20, 16, 8))])
+def test_gpu_float32_matches_reference(gpu, rule, with_state, shape):
     inputs, gate = on_gpu(make_inputs(*shape, dtype=torch.float32, with_state=with_state), gate_for(rule, shape),
                           torch.float32)
     got, want = against_reference(rule, inputs, gate)
@@ -197,7 +210,7 @@ def test_gpu_float32_matches_reference(rule, with_state):
     assert max(errors.values()) < 1e-4, errors
 
 
-def test_gpu_auto_uses_fla_where_it_fits_and_chunked_elsewhere():
+def test_gpu_auto_uses_fla_where_it_fits_and_chunked_elsewhere(gpu):
     q = torch.rand(1, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
     assert resolved_name("auto", q, 64) == "fla"
     assert resolved_name("auto", q.double(), 64) == "chunked"

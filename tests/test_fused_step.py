@@ -14,6 +14,7 @@ from fairseq_fwp.modules import fused_step as fused_step_module
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
 from fairseq_fwp.modules.fused_step import FusedStep, loaded
 from fairseq_fwp.ops import memory
+from cuda_stand_in import on_gpu_and_stand_in
 from helpers import ROOT, build_lm_model, build_translation_model, random_tokens
 from test_attention import decoder_inputs, full_and_stepwise_decoder_outputs
 
@@ -68,8 +69,9 @@ BEAMS_AND_BATCH_1 = [*[(m, mf, r, rf, 4) for m, mf in MAPS for r, rf in RULES], 
                      *[(*MAPS[0], r, rf, 1) for r, rf in RULES]]  # at batch 1
 
 
-@pytest.mark.parametrize("feature_map, map_flags, rule, rule_flags, rows", BEAMS_AND_BATCH_1)
-def test_gpu_every_builtin_map_and_rule_decodes_as_its_own_step(feature_map, map_flags, rule, rule_flags, rows,
+@on_gpu_and_stand_in("feature_map, map_flags, rule, rule_flags, rows", BEAMS_AND_BATCH_1,
+                     [(*MAPS[2], *RULES[6], 4), (*MAPS[0], *RULES[7], 1)])  # DPFP, GDN-2, beams; DeltaProduct, 1 row
+def test_gpu_every_builtin_map_and_rule_decodes_as_its_own_step(gpu, feature_map, map_flags, rule, rule_flags, rows,
                                                                  fused_calls):
     """The CUDA kernel (one thread block per (row, head)) against the rule's own step, both on the GPU."""
     assert loaded().has_cuda_kernels(), "the extension was built without its CUDA kernels"
@@ -205,8 +207,8 @@ def test_the_encoder_decoder_attentions_fused_read_is_the_full_forwards(feature_
     torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("feature_map, flags", MAPS)
-def test_gpu_the_encoder_decoder_attentions_fused_read_is_the_rules_own(feature_map, flags, fused_reads):
+@on_gpu_and_stand_in("feature_map, flags", MAPS, MAPS[2:3])
+def test_gpu_the_encoder_decoder_attentions_fused_read_is_the_rules_own(gpu, feature_map, flags, fused_reads):
     """On the GPU, 40 decoding steps of the fused model (its steps and reads) against the oracle's, both
     from the oracle's encoder output: no full forward, whose fla kernels may round otherwise."""
     models = [build_translation_model("--fwp-feature-map", feature_map, *flags, *backend)[0].cuda()

@@ -3,8 +3,9 @@
 The twin (csrc/fast_weight_twin.h) runs the kernels' algorithm (row tiles,
 checkpoints every CHUNK steps, the backward's replay of W_{t-1}, per-tile
 partial gradients) through the same extension and autograd Function as the
-GPU path; tests marked `gpu` run the CUDA kernels themselves and skip
-without CUDA.
+GPU path; the GPU tests (test_gpu_*) run the CUDA kernels themselves, and
+without CUDA their own code runs on the CPU's stand-in of CUDA with the twin
+computing (tests/cuda_stand_in.py).
 """
 import os
 import shutil
@@ -80,13 +81,14 @@ def test_twin_gradcheck_across_checkpoints(rule, chunk):
     assert torch.autograd.gradcheck(fn, (q, k, v, beta, W0))
 
 
-def half_type_errors(rule, dtype, run):
+def half_type_errors(rule, dtype, run, device="cpu"):
     """relative_errors of run (inputs -> outputs_and_grads) on half-type q, k, v, beta and a float32 state
     against exact arithmetic on the same rounded inputs, with the loss weights rounded as that run sees them:
     what is left is the kernels' own rounding (the half-type outputs and gradients, at most half a unit in
     the last place of each), not the rounding of what they were given. Elementwise tolerances cannot judge
-    that: a gradient element near 0 beside others near 100 carries the absolute error of its neighbours."""
-    half = [x.detach().to(dtype) for x in make_inputs(2, 4, 4 * C + 7, 64, 64, dtype=torch.float32)]
+    that: a gradient element near 0 beside others near 100 carries the absolute error of its neighbours.
+    Both runs take the inputs on `device`, where the errors are computed."""
+    half = [x.detach().to(device, dtype) for x in make_inputs(2, 4, 4 * C + 7, 64, 64, dtype=torch.float32)]
     half[4] = half[4].float()
     got = run([x.clone().requires_grad_() for x in half])
     assert got["out"].dtype == dtype and got["state"].dtype == torch.float32
@@ -196,7 +198,7 @@ def test_the_toolkit_is_where_nvcc_runs_from_not_where_a_wrapper_lies(tmp_path):
     assert kernels.toolkit_of(str(tmp_path / "missing")) is None
 
 
-# -- on a GPU: the CUDA kernels themselves -----------------------------------------
+# -- on a GPU: the CUDA kernels themselves (on the stand-in: the twin) ------------
 
 
 def to_cuda(inputs, dtype=None):
@@ -205,7 +207,7 @@ def to_cuda(inputs, dtype=None):
 
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gpu_kernels_match_reference_float32(rule, shape):
+def test_gpu_kernels_match_reference_float32(rule, shape, gpu):
     inputs = to_cuda(make_inputs(*shape, dtype=torch.float32))
     want = outputs_and_grads(rule, inputs, "reference")
     got = outputs_and_grads(rule, inputs, "cuda")
@@ -213,7 +215,7 @@ def test_gpu_kernels_match_reference_float32(rule, shape):
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_gpu_kernels_match_reference_float64(rule):
+def test_gpu_kernels_match_reference_float64(rule, gpu):
     inputs = to_cuda(make_inputs(2, 2, 3 * C + 5, 40, 13))
     assert_all_close(outputs_and_grads(rule, inputs, "cuda"), outputs_and_grads(rule, inputs, "reference"),
                      rtol=1e-10, atol=1e-10)
@@ -221,20 +223,20 @@ def test_gpu_kernels_match_reference_float64(rule):
 
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_kernels_half_types(rule, dtype):
-    errors, tolerances = half_type_errors(rule, dtype, lambda inputs: outputs_and_grads(rule, to_cuda(inputs), "cuda"))
+def test_gpu_kernels_half_types(rule, dtype, gpu):
+    errors, tolerances = half_type_errors(rule, dtype, lambda inputs: outputs_and_grads(rule, inputs, "cuda"), "cuda")
     assert all(errors[name] < tolerances[name] for name in errors), (errors, tolerances)
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_gpu_kernels_are_deterministic(rule):
+def test_gpu_kernels_are_deterministic(rule, gpu):
     inputs = to_cuda(make_inputs(2, 2, 5 * C + 3, 512, 33, dtype=torch.float32))
     first = outputs_and_grads(rule, inputs, "cuda")
     second = outputs_and_grads(rule, inputs, "cuda")
     assert all(torch.equal(first[name], second[name]) for name in first)
 
 
-def test_gpu_auto_does_not_choose_the_kernels_before_their_gpu_check():
+def test_gpu_auto_does_not_choose_the_kernels_before_their_gpu_check(gpu):
     from fairseq_fwp.ops.backends import resolved_name
 
     for D in (64, 512):
@@ -242,7 +244,7 @@ def test_gpu_auto_does_not_choose_the_kernels_before_their_gpu_check():
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_gpu_a_launch_above_the_shared_memory_limit_is_refused(rule, monkeypatch):
+def test_gpu_a_launch_above_the_shared_memory_limit_is_refused(rule, gpu, monkeypatch):
     from fairseq_fwp.ops import BackendUnavailableError
 
     monkeypatch.setattr(kernels, "device_shared_memory_limit", lambda device: 64 * 1024)

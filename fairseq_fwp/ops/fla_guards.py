@@ -3,9 +3,10 @@
 fla guards some of its kernels by device and version. fla-core 0.6.0 has one such guard on the kernels
 this project calls: ``fla.ops.common.chunk_o.chunk_bwd_dqkwg`` with a gate ``g`` (the backward of
 ``chunk_simple_gla`` with g, ``chunk_gated_delta_rule`` and ``chunk_gated_delta_product`` with g) raises a
-RuntimeError on Hopper GPUs with Triton versions that miscompile it, saying what to install. Its other
-raises on these kernels' paths are argument checks that our calls satisfy, and the backward that
-``fused_recurrent_gated_delta_rule`` lacks, which fla.py refuses by itself.
+RuntimeError on Hopper GPUs with Triton versions that miscompile it (in 0.6.0: compute capability 9 or a
+name starting "NVIDIA H", with Triton >= 3.4.0 and < 3.7.1, read when fla is imported), saying what to
+install. Its other raises on these kernels' paths are argument checks that our calls satisfy, and the
+backward that ``fused_recurrent_gated_delta_rule`` lacks, which fla.py refuses by itself.
 
 The condition is fla's, not a copy of it: ``refusal`` calls the guarded function as the op would call it
 (through fla's backend dispatch), with arguments that stop it the moment it reads one. A guard that
