@@ -103,10 +103,9 @@ class PromptReadingEnsemble(EnsembleModel):
         shift = longest - lengths  # padding before each row's bos
         fed = bos_and_prompt.gather(1, (column - shift.unsqueeze(1)) % (longest + 1))  # each row moved right
         after_each = torch.cat([fed[:, 1:], fed[:, :1]], 1)  # the token after each column (the last: unused)
-        if self.history is not None:  # the session's state, and the columns it has read before these
+        if self.history is not None:  # the session's state (its columns read count as read before these)
             for index, state in enumerate(incremental_states):
                 state.update(self.history.replicated(index, rows))
-            fed = torch.cat([self.history.read_before(rows), fed], 1)
         chosen, after = self._log_probs(fed, incremental_states, temperature, targets=after_each)
         if self.history is not None:
             self.after_prompt = [self.history.row_copy(index, state) for index, state in enumerate(incremental_states)]

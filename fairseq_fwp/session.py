@@ -8,9 +8,10 @@ history as one prompt generates: every earlier input and kept reply in order, ea
 that ended it, then the new input (tests/test_session.py holds the tokens, positional scores and scores equal,
 in float64). Each turn's length limit (--max-len-a/b) counts that turn's input, not the history.
 
-- ``History``: what the decoders have read, for one conversation: the columns read, each model's incremental
-  state (batch 1), and the history's summed positional scores and length (a turn's hypothesis is scored as the
-  whole history's); saved to a file and loaded again by the same model only.
+- ``History``: what the decoders have read, for one conversation: each model's incremental state (batch 1; the
+  decoders count the columns read, and a turn's columns start after them), and the history's summed positional
+  scores and length (a turn's hypothesis is scored as the whole history's); saved to a file and loaded again by
+  the same model only.
 - ``Session``: the hub's way, ``Session(TransformerLanguageModel.from_pretrained(...))`` then ``reply(text)``.
 - The plugin's LM tasks take ``--fwp-session``: fairseq-interactive continues the session with every input line,
   and an empty line starts a new one (tasks/prompt_reading.py).
@@ -61,20 +62,15 @@ class History:
         self.reset()
 
     def reset(self):
-        device = next(self.models[0].parameters()).device
-        self.columns = torch.empty((1, 0), dtype=torch.long, device=device)  # every column read, padding none
+        self.device = next(self.models[0].parameters()).device
         self.states = [{} for _ in self.models]
+        self.tokens_read = 0
         self.score, self.length = 0.0, 0  # the kept hypotheses' summed positional scores, and their tokens
         self.last = None  # the token that ended the last kept hypothesis (</s>), read at the next turn's start
 
-    @property
-    def tokens_read(self):
-        return self.columns.size(1)
-
     def state_bytes(self):
         """Bytes of the decoders' state: W, z and the short convolutions' caches, of fixed size; a softmax layer's
-        keys and values, which grow with the history. (The columns read, which fairseq's decoders take whole, are
-        8 bytes a token more.)"""
+        keys and values, which grow with the history."""
         held = [x for state in self.states for buffer in state.values() for x in buffer_tensors(buffer)]
         return sum(x.numel() * x.element_size() for x in held)
 
@@ -100,30 +96,29 @@ class History:
         state = _copied(self.states[index])
         if state:
             self.models[index].decoder.reorder_incremental_state_scripting(
-                state, torch.zeros(rows, dtype=torch.long, device=self.columns.device))
+                state, torch.zeros(rows, dtype=torch.long, device=self.device))
         return state
-
-    def read_before(self, rows):
-        """The columns read so far, for each of `rows` rows (the decoders read the columns past them)."""
-        return self.columns.expand(rows, -1)
 
     def row_copy(self, index, state):
         """A batch-1 copy of row 0 of model `index`'s incremental state (every row of a turn's prompt is alike)."""
         state = _copied(state)
         self.models[index].decoder.reorder_incremental_state_scripting(
-            state, torch.zeros(1, dtype=torch.long, device=self.columns.device))
+            state, torch.zeros(1, dtype=torch.long, device=self.device))
         return state
 
     def keep(self, read, after_prompt, prompt, hypothesis):
         """The history after a turn: `read` (the columns the turn read before its first new token) and the kept
-        `hypothesis`'s reply, read from `after_prompt` (each model's state there) in one call."""
+        `hypothesis`'s reply, read from `after_prompt` (each model's state there) in one call; the next turn's
+        columns start after them (the decoders' count of columns read: FastWeightTransformerDecoder)."""
         reply = hypothesis["tokens"][prompt.numel():-1]
         columns = torch.cat([read[:1], reply.unsqueeze(0)], 1)
         with torch.no_grad():
             for model, state in zip(self.models, after_prompt):
                 if reply.numel():
                     model.decoder(columns, incremental_state=state, features_only=True)
-        self.columns, self.states, self.last = columns, after_prompt, int(hypothesis["tokens"][-1])
+                model.decoder.start_after_read(state)
+        self.states, self.last = after_prompt, int(hypothesis["tokens"][-1])
+        self.tokens_read += columns.size(1)
         self.score += float(hypothesis["positional_scores"].double().sum())
         self.length += hypothesis["tokens"].numel()
 
@@ -132,20 +127,20 @@ class History:
     def save(self, path):
         """Writes the history to `path`, with the models' fingerprint (plain tensors: loads with weights_only)."""
         torch.save({"format": FORMAT, "fingerprint": fingerprint(self.models), "draws": self.draws,
-                    "columns": self.columns.cpu(), "score": self.score, "length": self.length, "last": self.last,
+                    "tokens_read": self.tokens_read, "score": self.score, "length": self.length, "last": self.last,
                     "states": [self._saved(model, state) for model, state in zip(self.models, self.states)]}, path)
 
     def load(self, path):
         """Reads a history that `save` wrote for these models; refuses one written for other models."""
-        saved = torch.load(path, map_location=self.columns.device, weights_only=True)
+        saved = torch.load(path, map_location=self.device, weights_only=True)
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ValueError(f"{path} is not a session file ({FORMAT})")
         if saved["fingerprint"] != fingerprint(self.models):
             raise ValueError(f"{path} holds a session of another model (other parameters or architecture): it "
                              "can only continue with the model that wrote it")
         self.draws = saved["draws"]
-        self.columns, self.score, self.length, self.last = saved["columns"], saved["score"], saved["length"], \
-            saved["last"]
+        self.tokens_read, self.score, self.length, self.last = saved["tokens_read"], saved["score"], \
+            saved["length"], saved["last"]
         self.states = [self._loaded(model, state) for model, state in zip(self.models, saved["states"])]
 
     @staticmethod
@@ -205,7 +200,7 @@ class Session:
                 setattr(generation, name, value)
         task, dictionary = self.hub.task, self.hub.task.source_dictionary
         generator = task.build_generator(self.hub.models, generation, seq_gen_cls=FastWeightSequenceGenerator)
-        tokens = tokens.to(self.history.columns.device)
+        tokens = tokens.to(self.history.device)
         # language_modeling's bos: <s> where the model was trained with it, else </s>
         bos = dictionary.bos() if getattr(getattr(task, "args", None), "add_bos_token", False) else dictionary.eos()
         sample = {"net_input": {"src_tokens": torch.cat([tokens.new_tensor([bos]), tokens]).unsqueeze(0),

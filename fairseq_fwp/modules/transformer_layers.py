@@ -94,9 +94,12 @@ class FastWeightTransformerDecoder(TransformerDecoderBase):
     def _read(self, tokens, encoder_out, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]):
         """The features ``[rows, new, C]`` of the tokens past those the incremental state has read (``tokens``
         holds the whole prefix, fairseq's convention; all of them without a state), each positioned by its
-        row's count of tokens read, restarting every position_period (positions.py)."""
+        row's count of tokens read, restarting every position_period (positions.py). A state may also have
+        read columns before this prefix ("before": a session's earlier turns, session.py), which a softmax
+        layer's cache holds."""
         read = None if incremental_state is None else self.get_incremental_state(incremental_state, "read")
         length = 0 if read is None else int(read["length"])
+        before = 0 if read is None or read.get("before") is None else int(read["before"])
         if tokens.size(1) <= length:
             raise ValueError(f"prev_output_tokens has {tokens.size(1)} tokens, and the incremental state has read "
                              f"{length}: give the whole prefix, with the tokens to read at its end")
@@ -115,7 +118,7 @@ class FastWeightTransformerDecoder(TransformerDecoderBase):
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x).transpose(0, 1)
         padding = ~keep if self.cross_self_attention or not keep.all() else None
-        mask = future_mask(length, new.size(1), x) if new.size(1) > 1 else None  # fairseq's layers (a hybrid's)
+        mask = future_mask(before + length, new.size(1), x) if new.size(1) > 1 else None  # a hybrid's softmax layers
         enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
         enc_padding = (encoder_out["encoder_padding_mask"][0]
                        if encoder_out is not None and encoder_out["encoder_padding_mask"] else None)
@@ -132,12 +135,23 @@ class FastWeightTransformerDecoder(TransformerDecoderBase):
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         if incremental_state is not None:
-            self.set_incremental_state(incremental_state, "read",
-                                       {"length": tokens.new_tensor([tokens.size(1)]), "counts": counts})
+            self._set_read(incremental_state, read, tokens.new_tensor([tokens.size(1)]), counts)
         return x, {"attn": [None], "inner_states": inner_states}
+
+    def _set_read(self, incremental_state, read, length, counts):
+        kept = {} if read is None or read.get("before") is None else {"before": read["before"]}
+        self.set_incremental_state(incremental_state, "read", {"length": length, "counts": counts, **kept})
 
     def reorder_incremental_state(self, incremental_state, new_order):
         read = self.get_incremental_state(incremental_state, "read")
         if read is not None:
-            self.set_incremental_state(incremental_state, "read",
-                                       {"length": read["length"], "counts": read["counts"].index_select(0, new_order)})
+            self._set_read(incremental_state, read, read["length"], read["counts"].index_select(0, new_order))
+
+    def start_after_read(self, incremental_state):
+        """The state's columns read count as read before (a session's next turn): the next prefix given starts
+        at column 0, its tokens positioned after those read."""
+        read = self.get_incremental_state(incremental_state, "read")
+        if read is not None:
+            before = read["length"] + (0 if read.get("before") is None else read["before"])
+            self.set_incremental_state(incremental_state, "read", {"length": read["length"] * 0,
+                                                                   "counts": read["counts"], "before": before})
