@@ -1,14 +1,13 @@
 """examples/recipes/preloaded.py: a fairseq command run by the preloaded server is the command its console
 script runs: the same output, exit status, files, working folder and environment. The first test runs
 fairseq-train and fairseq-generate as installed (new processes of the console scripts) in the fast lane too."""
+import contextlib
 import os
 import re
-import shutil
 import signal
 import struct
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -139,12 +138,13 @@ def test_a_command_reads_its_callers_stdin(tmp_path):
     assert scores[0] and scores[0] == scores[1]
 
 
-# Draws from the random number generators, then leaves a thread and an atexit handler to end the process.
+# Draws from the random number generators, then leaves a thread and an atexit handler to end the process: the
+# thread prints once the interpreter's exit has begun (it joins the main thread), which it must wait for.
 DRAWS_AND_EXITS = """
-import atexit, random, threading, time
+import atexit, random, threading
 import numpy, torch
 print("probe draws:", random.random(), numpy.random.random(), torch.rand(1).item())
-threading.Thread(target=lambda: (time.sleep(0.3), print("probe: a thread's last line"))).start()
+threading.Thread(target=lambda: (threading.main_thread().join(), print("probe: a thread's last line"))).start()
 atexit.register(print, "probe: at exit")
 """
 
@@ -264,15 +264,49 @@ def test_output_that_ends_without_a_newline_keeps_its_exit_status(tmp_path, laun
     assert new.endswith("\nprobe: no newline") and served == new
 
 
-# Says which process runs the command, then waits for a signal.
-SLEEPS = "import os, time\nprint('probe: pid', os.getpid(), flush=True)\ntime.sleep(30)\n"
+@contextlib.contextmanager
+def ctrl_c(handler):
+    """This process's Ctrl-C handler while the block runs, as the processes it starts inherit it: SIG_IGN (a
+    shell's background job; pytest itself may have been started so) or Python's KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# Says how the command takes a Ctrl-C.
+TAKES_CTRL_C = "import signal\nprint('probe:', repr(signal.getsignal(signal.SIGINT)))\n"
+
+
+@pytest.mark.slow
+def test_the_command_takes_ctrl_c_as_its_caller_does(tmp_path, own_server):
+    """A new process inherits an ignored Ctrl-C (a shell's background job), else takes it as a KeyboardInterrupt;
+    so does the child, whichever way its server started (here, ignoring it)."""
+    probe = user_dir(tmp_path / "probe", TAKES_CTRL_C)
+    with ctrl_c(signal.SIG_IGN):
+        preloaded._server_path()  # this test's own server starts here
+    for caller in (signal.SIG_IGN, signal.default_int_handler):
+        with ctrl_c(caller):
+            output, wait = preloaded.launch("train", ["--user-dir", str(probe), "--help"])
+            assert probe_lines(output.read()) == [f"probe: {caller!r}"] and wait() == 0
+
+
+# Says that the command runs, then waits for a signal (or ends by itself, with fairseq-train's --help, after 30 s).
+SLEEPS = "import time\nprint('probe: sleeps', flush=True)\ntime.sleep(30)\n"
 
 
 def start_sleeping(script, probe, env):
-    """`script` on the SLEEPS probe: (its process, the pid of the process that runs the command)."""
-    process = subprocess.Popen([script, "--user-dir", probe, "--help"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    return process, int(process.stdout.readline().split()[-1])
+    """`script` on the SLEEPS probe as a terminal's foreground job (its Ctrl-C not ignored), returned once the
+    command runs the probe."""
+    with ctrl_c(signal.default_int_handler):
+        process = subprocess.Popen([script, "--user-dir", probe, "--help"], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+    ready = process.stdout.readline()
+    if ready != "probe: sleeps\n":
+        process.kill()
+        pytest.fail(f"{script} never ran the probe: {ready!r}, then {process.communicate()}")
+    return process
 
 
 @pytest.mark.slow
@@ -281,27 +315,51 @@ def test_ctrl_c_interrupts_the_command_as_its_console_script(tmp_path, train_scr
     print or its sleep), and death by SIGINT (a shell's 130)."""
     probe = user_dir(tmp_path / "probe", SLEEPS)
     scripts, env = train_scripts
-    ends = []
     for script in scripts:
-        process, _ = start_sleeping(script, probe, env)
+        process = start_sleeping(script, probe, env)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
-        ends.append((process.returncode, re.findall(r'File "(.*)"', err)[-1], err.splitlines()[-1]))
-    assert ends[0] == ends[1] == (-signal.SIGINT, str(probe / "__init__.py"), "KeyboardInterrupt")
+        innermost = re.findall(r'File "(.*)"', err)[-1:]
+        assert (process.returncode, innermost, err.splitlines()[-1:]) == (
+            -signal.SIGINT, [str(probe / "__init__.py")], ["KeyboardInterrupt"]), f"{script}'s stderr:\n{err[-3000:]}"
+
+
+# A stand-in (forward) that gets a Ctrl-C the moment its command has gone out, before it waits on the command.
+CTRL_C_AS_THE_COMMAND_GOES_OUT = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from examples.recipes import preloaded
+send = preloaded._request
+def send_then_ctrl_c(*args):
+    connection = send(*args)
+    os.kill(os.getpid(), signal.SIGINT)
+    return connection
+preloaded._request = send_then_ctrl_c
+preloaded.forward("train", sys.argv[2:])
+"""
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_before_the_stand_in_waits_is_the_commands(tmp_path, train_scripts):
+    """The command may start (and print) before its stand-in waits on it: a Ctrl-C then is the command's, as a
+    Ctrl-C at a console script's start is the script's: the command's traceback, none of the stand-in's."""
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(CTRL_C_AS_THE_COMMAND_GOES_OUT)
+    _, env = train_scripts
+    with ctrl_c(signal.default_int_handler):
+        run = subprocess.run([sys.executable, stand_in, ROOT, "--user-dir", user_dir(tmp_path / "probe", SLEEPS),
+                              "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert (run.returncode, run.stderr.splitlines()[-1:], str(stand_in) in run.stderr) == (
+        -signal.SIGINT, ["KeyboardInterrupt"], False), run.stderr[-3000:]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
 def test_a_command_ends_with_its_killed_caller(tmp_path, train_scripts, stop):
     scripts, env = train_scripts
-    process, pid = start_sleeping(scripts[1], user_dir(tmp_path / "probe", SLEEPS), env)
+    process = start_sleeping(scripts[1], user_dir(tmp_path / "probe", SLEEPS), env)
     process.send_signal(stop)
     process.wait()
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    pytest.fail(f"the command's process {pid} outlived its caller")
+    # The caller's stdout is the command's: it ends when the command ends, or the command goes on to its --help.
+    rest = process.stdout.read()
+    assert rest == "", f"the command outlived its caller: {rest[:300]!r}"

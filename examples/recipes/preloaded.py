@@ -8,8 +8,9 @@ once (one per calling process, started at its first command) and forks a fresh c
 child is the command as its console script runs it: the module's cli_main(), with the caller's argv, stdin,
 stdout, stderr (launch: one pipe for both, as a new process's with stderr=STDOUT), working folder and
 environment; the --user-dir is imported in the child, as fairseq-train does; it seeds its random number
-generators afresh and exits as the interpreter exits; its caller's Ctrl-C interrupts it (forward), and it
-ends when its caller goes. A caller whose environment differs from the server's in what a new process reads
+generators afresh and exits as the interpreter exits; its caller's Ctrl-C interrupts it (forward) unless its
+caller ignores Ctrl-C (a shell's background job), whatever the server started with; and it ends when its
+caller goes. A caller whose environment differs from the server's in what a new process reads
 at its start (READ_AT_START) gets its command as installed, a new process, and so do commands that must start as
 `python -m fairseq_cli.<command>`. For commands that other programs run (the docs test's bash), stand_ins
 writes fairseq-* scripts to put first on PATH, which send their command to one server
@@ -75,9 +76,13 @@ def forward(command, args):
     """A stand-in for fairseq-<command>'s console script (stand_ins): runs it on the server whose socket
     FAIRSEQ_FWP_PRELOAD_SOCKET names, on this process's stdin, stdout and stderr; returns its exit status, or
     ends this process by the signal that ended the command."""
+    # The command may start, and print, before this process waits on it: a Ctrl-C held back until then is the
+    # command's too (unblocking raises it in the try below).
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
     with _request(command, args, None, [0, 1, 2]) as connection:
         while True:
             try:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
                 status = _status(connection)
                 break
             except KeyboardInterrupt:  # Ctrl-C: the command's to handle, as its console script's is
@@ -96,7 +101,8 @@ def _request(command, args, cwd, fds):
     connection.connect(_server_path())
     socket.send_fds(connection, [b"\0"], fds)
     request = dict(command=command.replace("-", "_"), argv=[f"fairseq-{command}", *args],
-                   cwd=os.path.abspath(cwd or os.getcwd()), env=dict(os.environ))
+                   cwd=os.path.abspath(cwd or os.getcwd()), env=dict(os.environ),
+                   ignores_ctrl_c=signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
     connection.sendall(json.dumps(request).encode() + b"\n")
     return connection
 
@@ -180,8 +186,8 @@ def _child(connection, modules, start_environment):
             status = _run(modules, request["command"], request["argv"])
         else:  # the server started under other values: the command as installed
             status = _call([_console_script(request["argv"][0]), *request["argv"][1:]])
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as error:  # a Ctrl-C before the command's own code runs (forward) among them
+        status = _uncaught(error)
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -196,9 +202,11 @@ def _child(connection, modules, start_environment):
 
 def _take_request(connection):
     """The command's request, read from the connection, and its process as its caller's: the caller's stdin,
-    stdout and stderr, working folder and environment."""
+    stdout and stderr, working folder, environment and Ctrl-C (ignored where the caller's is, as a new process
+    inherits it, else Python's KeyboardInterrupt)."""
     _, fds, _, _ = socket.recv_fds(connection, 1, 3)
-    with connection.makefile("rb") as stream:
+    # unbuffered, so as not to read ahead: what follows the request is the caller's Ctrl-C (_follow_caller)
+    with connection.makefile("rb", buffering=0) as stream:
         request = json.loads(stream.readline())
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -207,6 +215,7 @@ def _take_request(connection):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN if request["ignores_ctrl_c"] else signal.default_int_handler)
     return request
 
 
@@ -256,11 +265,16 @@ def _run(modules, command, argv):
     except SystemExit as stop:
         status = _exit_status(stop)
     except BaseException as error:
-        traceback.print_exc()
-        # the interpreter ends killed by Ctrl-C's signal after its traceback (a shell's 130)
-        status = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
+        status = _uncaught(error)
     _exit_as_the_interpreter()
     return status
+
+
+def _uncaught(error):
+    """Prints the traceback of `error`, uncaught, and returns the interpreter's exit status for it: killed by
+    Ctrl-C's signal for a KeyboardInterrupt (a shell's 130), else 1."""
+    traceback.print_exc()
+    return -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
 
 
 def _reseed():
