@@ -28,7 +28,7 @@ def test_a_row_past_its_time_limit_is_stopped_there():
     """A row that would run for minutes (100,000 steps) is stopped at its limit, its lengths reported so."""
     start = time.time()
     results = dict(train_step.run_in_child("linear-delta", "tiny", [64, 256], 100_000, "cpu", limit=10))
-    assert 10 <= time.time() - start < 20
+    assert 10 <= time.time() - start < 120  # not its 100,000 steps (minutes); room for a busy machine's start
     assert results == {64: {"stopped": "stopped at its time limit (10 s)"},
                        256: {"stopped": "stopped at its time limit (10 s)"}}
 
