@@ -39,16 +39,19 @@ from flag_combos import named_flags, refusal
 from helpers import (assert_generates_what_forcing_does, assert_reads_eos_as_context, build_lm_model,
                      build_translation_model, prompts, random_tokens, softmax_in_the_models_dtype)
 from nothing_to_check import NothingToCheck, require
+from rounding import rounded_again
 
 TOLERANCE = 2e-4
 FLOAT64_TOLERANCE = 1e-9  # the reference and the chunked forms in float64: about 1e-14 apart
-# In float32 a backend is held to the reference's own float32 error (against float64), times this, or to
-# FLOAT32_TOLERANCE where that is smaller: how far float32 is from float64 depends on the combination's
-# conditioning (an output gate's RMS norm of a head's small output, attention normalisation's z . phi(q) near
-# 0, Eqs. 26-28's write differentiated through beta' = beta d and k' = phi(k) / (d + eps): 1e-4 to 2e-4 of the
-# largest gradient on every backend alike), not on the backend, whose faults went past 1e-3 (0/eps at
-# disjoint DPFP supports rounding into the chunked backward: 4e-3 where the reference kept 3e-6)
-FLOAT32_TOLERANCE, TIMES_THE_REFERENCES = 2e-5, 4
+# In float32 a backend is held to the reference's own float32 error (against float64), or to that of the reference
+# with its ops rounded once more (ROUNDINGS draws, rounding.py) where larger, times this, or to FLOAT32_TOLERANCE
+# where that is smaller: how far float32 is from float64 depends on the combination's conditioning (an output
+# gate's RMS norm of a head's small output, attention normalisation's z . phi near 0 at nearly disjoint DPFP
+# supports: up to 2e-3 of the largest gradient, on every backend alike, tests/conditioning.py), not on the
+# backend, whose faults went past 1e-3 (0/eps at disjoint DPFP supports rounding into the chunked backward: 4e-3
+# where the reference kept 3e-6, 1.4e-3 where its roundings kept 6e-6). There the reference's own rounding is one
+# draw: the chunked backend's, as close to float64 in the op, was 40 times further off (4.4e-5, roundings 4e-5)
+FLOAT32_TOLERANCE, TIMES_THE_REFERENCES, ROUNDINGS = 2e-5, 4, 3
 # ... and the reference in float32 to this: the layer's own float32 faults (d_t from z_t - phi(k_t), whose
 # cancellation lost its small values: 2e-2) are shared by every backend
 REFERENCE_FLOAT32_TOLERANCE = 1e-3
@@ -383,14 +386,24 @@ def the_backend_gives_the_references_outputs_and_gradients(combination, seed):
     runs32 = [with_relu_signs(m, lambda: outputs_and_gradients(m.float(), batch, seed)) for m in (reference, model)]
     # A ReLU input that rounds to the other side of 0 in float32 changes the gradients by its unit's whole
     # contribution: a sign flip, not a fault
-    require(all(torch.equal(a, b) for _, signs32 in runs32 for a, b in zip(signs, signs32)),
-            "a ReLU input changes sign in float32")
+    same_signs = lambda signs32: all(torch.equal(a, b) for a, b in zip(signs, signs32))  # noqa: E731
+    require(all(same_signs(signs32) for _, signs32 in runs32), "a ReLU input changes sign in float32")
     references_own = differences(runs32[0][0], want)
     agree(runs32[0][0], want, (REFERENCE_FLOAT32_TOLERANCE,) * 2,
           "of --fwp-backend reference in float32 against float64")
-    agree(runs32[1][0], want, [max(FLOAT32_TOLERANCE, TIMES_THE_REFERENCES * e) for e in references_own],
-          f"in float32 against --fwp-backend reference in float64 ({TIMES_THE_REFERENCES} times the "
-          f"reference's own float32 differences {references_own[0]:.2g}, {references_own[-1]:.2g})")
+    tolerances = lambda errors: [max(FLOAT32_TOLERANCE, TIMES_THE_REFERENCES * e) for e in errors]  # noqa: E731
+    backends_own, largest = differences(runs32[1][0], want), references_own
+    for draw in range(ROUNDINGS):  # drawn only while the backend is further off: they can only widen the tolerance
+        if all(e <= t for e, t in zip(backends_own, tolerances(largest))):
+            break
+        with rounded_again(draw):
+            run, signs32 = with_relu_signs(reference, lambda: outputs_and_gradients(reference, batch, seed))
+        if same_signs(signs32):
+            largest = [max(e) for e in zip(largest, differences(run, want))]
+    agree(runs32[1][0], want, tolerances(largest),
+          f"in float32 against --fwp-backend reference in float64 ({TIMES_THE_REFERENCES} times the reference's own "
+          f"float32 differences {references_own[0]:.2g}, {references_own[-1]:.2g}, or those of its ops rounded "
+          f"once more, up to {largest[0]:.2g}, {largest[-1]:.2g})")
 
 
 @runs_here
