@@ -2,12 +2,15 @@
 generates what generating with the whole history as one prompt generates (every earlier input and kept reply,
 each reply with the </s> that ended it, then the input): the same tokens, positional scores and scores, in
 float64, for every family of rules and hybrids with softmax layers."""
+import os
+import sys
+
 import pytest
 import torch
 
 pytest.importorskip("fairseq")
 
-from helpers import assert_same_hypotheses, build_lm_model, generated, softmax_in_the_models_dtype  # noqa: E402
+from helpers import ROOT, assert_same_hypotheses, build_lm_model, generated, softmax_in_the_models_dtype  # noqa: E402
 from test_generation import FAMILIES  # noqa: E402
 from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator  # noqa: E402
 from fairseq_fwp.session import History  # noqa: E402
@@ -199,3 +202,15 @@ def test_fairseq_interactive_continues_the_session_line_by_line(corpora, tmp_pat
     assert abs(session[1][0] - score) < 1e-5
     assert text.endswith(session[1][1]) and probabilities.endswith(session[1][2])
     assert session[3] == alone[0]  # after the empty line: as a first line
+
+
+def test_the_session_benchmark_runs_and_its_replies_are_the_whole_historys(capsys):
+    """examples/speed/session.py at a tiny size: a row per turn, each model's session replying what it replies
+    given the whole history."""
+    sys.path.insert(0, os.path.join(ROOT, "examples", "speed"))
+    import session as benchmark
+
+    benchmark.main(["--turns", "3", "--input", "12", "--reply", "3"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2", "| 3"]
+    assert all(row.endswith("| yes |") for row in rows)

@@ -65,11 +65,11 @@ def machine_rates(seconds=2.0):
 
 
 @torch.no_grad()
-def first_and_per_token(generator_class, model, dictionary, prompt):
-    """(seconds to the first new token, median seconds per token after it) of one greedy generate() that writes
-    NEW_TOKENS after `prompt` ``[P]``: the first token is written when the step after it begins, and each
-    later token takes one step (the generator's model is timed at the start of each step)."""
-    length = len(prompt) + NEW_TOKENS
+def timed_generation(generator_class, model, dictionary, prompt, new_tokens=NEW_TOKENS, **generate_options):
+    """(the start of each of the generator's steps, the time generate() was called, the best hypothesis) of one
+    greedy generate() that writes `new_tokens` after `prompt` ``[P]`` (the last, </s>, forced by the length limit);
+    generate_options go to generate() (a session's history)."""
+    length = len(prompt) + new_tokens
     generator = generator_class([model], dictionary, beam_size=1, max_len_a=0, max_len_b=length, min_len=length)
     sample = {"net_input": {"src_tokens": torch.cat([prompt.new_tensor([dictionary.eos()]), prompt]).unsqueeze(0),
                             "src_lengths": torch.tensor([len(prompt) + 1])}}
@@ -81,8 +81,15 @@ def first_and_per_token(generator_class, model, dictionary, prompt):
 
     generator.model.forward_decoder = timed
     began = time.perf_counter()
-    generator.generate([model], sample, prefix_tokens=prompt.unsqueeze(0))
-    steps = starts[-NEW_TOKENS:]  # the steps after the prompt's (its last, the </s> the length limit forces)
+    hypothesis = generator.generate([model], sample, prefix_tokens=prompt.unsqueeze(0), **generate_options)[0][0]
+    return starts[-new_tokens:], began, hypothesis  # the steps after the prompt's
+
+
+def first_and_per_token(generator_class, model, dictionary, prompt):
+    """(seconds to the first new token, median seconds per token after it) of one greedy generate() that writes
+    NEW_TOKENS after `prompt` ``[P]``: the first token is written when the step after it begins, and each
+    later token takes one step (the generator's model is timed at the start of each step)."""
+    steps, began, _ = timed_generation(generator_class, model, dictionary, prompt)
     gaps = sorted(b - a for a, b in zip(steps[1:], steps[2:]))
     return steps[1] - began, gaps[len(gaps) // 2]
 

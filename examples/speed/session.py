@@ -12,7 +12,8 @@ Per turn:
 - softmax re-read: the softmax model of the same shape (--fwp-feature-map softmax) given the whole history so;
 - softmax session: the softmax model keeping its key/value caches between turns (a session of it), whose state
   grows with the history.
-The time to the first new token runs from the generate() call to the start of the step after that token.
+The time to the first new token runs from the generate() call to the start of the step after that token. "same
+replies": each model's session replied what it replied given the whole history (greedy, float32).
 """
 import argparse
 import os
@@ -25,39 +26,26 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from examples.recipes.decoding_cost import build_random_model, numbered_dictionary  # noqa: E402
-from examples.speed.prompt_reading import SHAPES  # noqa: E402
+from examples.speed.prompt_reading import SHAPES, timed_generation  # noqa: E402
 
 
-@torch.no_grad()
 def first_token(model, dictionary, prompt, reply, history=None):
     """(seconds to the first new token, the hypothesis) of a greedy generate() that writes `reply` tokens and
     </s> after `prompt` ``[P]``, as a turn of `history` where given."""
     from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator
 
-    length = len(prompt) + reply + 1
-    generator = FastWeightSequenceGenerator([model], dictionary, beam_size=1, max_len_a=0, max_len_b=length,
-                                            min_len=length)
-    sample = {"net_input": {"src_tokens": torch.cat([prompt.new_tensor([dictionary.eos()]), prompt]).unsqueeze(0),
-                            "src_lengths": torch.tensor([len(prompt) + 1])}}
-    starts, forward_decoder = [], generator.model.forward_decoder
-
-    def timed(tokens, *args, **kwargs):
-        starts.append(time.perf_counter())
-        return forward_decoder(tokens, *args, **kwargs)
-
-    generator.model.forward_decoder = timed
-    began = time.perf_counter()
     options = {} if history is None else {"history": history}
-    hypothesis = generator.generate([model], sample, prefix_tokens=prompt.unsqueeze(0), **options)[0][0]
-    return starts[1] - began, hypothesis
+    steps, began, hypothesis = timed_generation(FastWeightSequenceGenerator, model, dictionary, prompt, reply + 1,
+                                                **options)
+    return steps[1] - began, hypothesis
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--input", type=int, default=200, help="tokens of each turn's input")
     parser.add_argument("--reply", type=int, default=16, help="tokens of each turn's reply")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from fairseq_fwp.session import History
 
     arch, flags, words = SHAPES["small"]
@@ -72,23 +60,25 @@ def main():
           f"{time.strftime('%Y-%m-%d')}")
     print("| turn | history (tokens) | session: first token (ms) | state (KB) | re-read: first token (ms) | "
           "re-read / session | softmax re-read (ms) | softmax re-read / session | softmax session (ms) | "
-          "its state (KB) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "its state (KB) | same replies |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for number in range(1, args.turns + 1):
         tokens = torch.randint(dictionary.nspecial, len(dictionary), (args.input,), generator=generator)
-        cells, seconds = [f"{number}", f"{len(kept['fast weights']):,}"], {}
+        cells, seconds, same = [f"{number}", f"{len(kept['fast weights']):,}"], {}, {}
         for name, model in models.items():
             whole = torch.cat([kept[name], tokens])
-            seconds[name, "re-read"], _ = first_token(model, dictionary, whole, args.reply)
+            seconds[name, "re-read"], re_read = first_token(model, dictionary, whole, args.reply)
             seconds[name, "session"], hypothesis = first_token(model, dictionary, tokens, args.reply, histories[name])
+            same[name] = torch.equal(re_read["tokens"][len(kept[name]):], hypothesis["tokens"])
             kept[name] = torch.cat([kept[name], hypothesis["tokens"]])
         session = seconds["fast weights", "session"]
         cells += [f"{1e3 * session:.0f}", f"{histories['fast weights'].state_bytes() / 1e3:.0f}",
                   f"{1e3 * seconds['fast weights', 're-read']:.0f}",
                   f"{seconds['fast weights', 're-read'] / session:.1f}x",
                   f"{1e3 * seconds['softmax', 're-read']:.0f}", f"{seconds['softmax', 're-read'] / session:.1f}x",
-                  f"{1e3 * seconds['softmax', 'session']:.0f}", f"{histories['softmax'].state_bytes() / 1e3:.0f}"]
+                  f"{1e3 * seconds['softmax', 'session']:.0f}", f"{histories['softmax'].state_bytes() / 1e3:.0f}",
+                  "yes" if all(same.values()) else "no"]
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
