@@ -10,8 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
+import typing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import catches
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def tracked_files(root=ROOT):
@@ -44,11 +48,34 @@ def apply(mutant, copy):
             f.write(text.replace(original, mutated))
 
 
-def pytest_in(copy, *args, timeout=1800):
+class Run(typing.NamedTuple):
+    status: object  # pytest's exit status, or "timed out"
+    output: str
+    failures: list  # catches.py's records, in the order they happened
+
+
+def pytest_in(copy, *args, selection=None, stop_at_catch=False, timeout=1800):
     """pytest run in the copy with this interpreter (one thread, no xdist; the property harness's "mutants"
-    profile: the suite's examples, a failure not shrunk): (exit status, its output)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "FWP_PROPERTIES": "mutants"}
+    profile: the suite's examples, a failure not shrunk) and the plugin catches.py: a Run whose failures end with
+    one for a run that ended without a test to blame (a timeout, the interpreter's crash, pytest's own error, no
+    tests collected)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "FWP_PROPERTIES": "mutants",
+           "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
     env.pop("PYTEST_XDIST_WORKER", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           *args], cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
-    return done.returncode, done.stdout + done.stderr
+    records = os.path.normpath(copy) + ".failures.jsonl"  # beside the copy: its tests see only the repository
+    if os.path.exists(records):
+        os.remove(records)
+    options = ["-p", "catches", f"--failures-to={records}", *([f"--selection={selection}"] if selection else []),
+               *(["--stop-at-catch"] if stop_at_catch else [])]
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               *options, *args], cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        status, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:  # the run hung on the mutant
+        status, output = "timed out", f"{err}"
+    failures = catches.read(records)
+    if status not in (0, 1) or (status == 1 and not failures):  # 5: no tests collected
+        end = "timed out" if status == "timed out" else f"pytest exit status {status}"
+        tail = " | ".join(line for line in output.strip().splitlines()[-3:] if line.strip())
+        failures.append(catches.record(f"({end})", "run", end, False, True, tail))
+    return Run(status, output, failures)

@@ -3,10 +3,11 @@ make while changing that code, written as the one line (or fragment) it would ch
 (run.py) applies each to a copy of the repository (copies.py) and runs the property harness against it, and the
 fast lane where the harness misses it: the score is in docs/DEVELOPERS.md ("Test strength").
 
-`harness`: the property tests that must catch it (pytest's -k over tests/properties), where it breaks one of
-their invariants; None where only other tests can (a formula that every path of the layer computes alike, a
-guard the harness's draws never cross). `equivalent`: why no test can tell it from the original, where none
-can (the same function, or a difference below every dtype's rounding, or one that only a GPU could show).
+`harness`: the property tests that must catch it, by an assertion (pytest's -k over tests/properties; run.py
+counts a crash apart, not as caught), where it breaks one of their invariants; None where only other tests can
+(a formula that every path of the layer computes alike, a guard the harness's draws never cross). `equivalent`:
+why no test can tell it from the original, where none can (the same function, or a difference below every
+dtype's rounding, or one that only a GPU could show).
 
 Each edit's original text must occur exactly once in its file (copies.apply checks): a change to that code
 that moves the text makes run.py report the mutant as stale, to be rewritten against the new code.
@@ -28,11 +29,14 @@ def one_line(name, path, original, mutated, why, **kwargs):
     return Mutant(name, ((path, original, mutated),), why, **kwargs)
 
 
-CHUNKED, GATED, CHANNELS = "fairseq_fwp/ops/chunked.py", "fairseq_fwp/ops/chunked_gated.py", "fairseq_fwp/ops/chunked_channels.py"
+CHUNKED, GATED = "fairseq_fwp/ops/chunked.py", "fairseq_fwp/ops/chunked_gated.py"
+CHANNELS = "fairseq_fwp/ops/chunked_channels.py"
 DECAY, COLUMNS, MEMORY = "fairseq_fwp/ops/decay.py", "fairseq_fwp/ops/decay_columns.py", "fairseq_fwp/ops/memory.py"
 STATE, STREAMS = "fairseq_fwp/modules/state.py", "fairseq_fwp/modules/carried_streams.py"
-FUSED, GATES, MAPS = "fairseq_fwp/modules/fused_step.py", "fairseq_fwp/modules/gates.py", "fairseq_fwp/modules/feature_maps.py"
+FUSED, GATES = "fairseq_fwp/modules/fused_step.py", "fairseq_fwp/modules/gates.py"
+MAPS = "fairseq_fwp/modules/feature_maps.py"
 LAYER = "fairseq_fwp/modules/fast_weight_attention.py"
+GENERATOR = "fairseq_fwp/sequence_generator.py"
 RULES = "fairseq_fwp/ops/rules/"
 
 # -k selections of tests/properties (test ids: test_every_call_of_the_ops[<invariant>-<rule>],
@@ -54,6 +58,9 @@ def models(invariants, families):
     return f"{MODELS} and ({invariants}) and ({families})"
 
 
+GENERATION = f"{MODELS} and a_prompt_read_in_one_call"  # the LM generation invariant, every family
+
+
 MUTANTS = (
     one_line("chunked-delta-beta-gradient-through-chunk-starts", "fairseq_fwp/ops/chunked.py",
            "            db -= (neg_dR_k * K).sum(-1)\n", "",
@@ -67,7 +74,8 @@ MUTANTS = (
            harness="test_every_combination_of_flags and decoding_equals"),
     Mutant("disjoint-supports-under-attention-normalisation", (
         ("fairseq_fwp/modules/fast_weight_attention.py",
-         "    return torch.where(normalizer > 0, out / (normalizer + eps), 0.0)", "    return out / (normalizer + eps)"),
+         "    return torch.where(normalizer > 0, out / (normalizer + eps), 0.0)",
+         "    return out / (normalizer + eps)"),
         ("fairseq_fwp/ops/chunked.py", "            later = qdo[:, :, 1:].flip(2).cumsum(2).flip(2)\n"
          "            dS_end = torch.cat([later, torch.zeros_like(qdo[:, :, :1])], 2)\n",
          "            dS_end = qdo.flip(2).cumsum(2).flip(2) - qdo\n")),
@@ -144,12 +152,14 @@ MUTANTS = (
              "KDA's and GDN-2's retrieval of the chunk's start state without the decay since the chunk's start",
              harness=ops("named_backend or state_alone", "kda or gdn2") + " or " + models(FORWARD, "per-channel")),
     one_line("channels-cumsum-over-channels", CHANNELS,
-             "c = g.masked_fill(forgets, 0.0).double().cumsum(-2)", "c = g.masked_fill(forgets, 0.0).double().cumsum(-1)",
+             "c = g.masked_fill(forgets, 0.0).double().cumsum(-2)",
+             "c = g.masked_fill(forgets, 0.0).double().cumsum(-1)",
              "the cumulative log-decays summed over the key channels instead of over time",
              harness=ops("named_backend or state_alone", PER_CHANNEL) + " or " + models(FORWARD, "per-channel")),
     one_line("channels-writes-decayed-from-the-chunk-start", CHANNELS,
              "Kr = (K * rho).transpose(-1, -2)", "Kr = (K * gamma).transpose(-1, -2)",
-             "each write decayed by the steps before it (gamma) instead of after it (rho) on its way to the chunk's end",
+             "each write decayed by the steps before it (gamma) instead of after it (rho) on its way to the chunk's "
+             "end",
              harness=ops("named_backend or state_alone", PER_CHANNEL) + " or " + models(FORWARD, "per-channel")),
 
     # -- ops/decay.py, ops/decay_columns.py: exact gradients of small decays given as decay= --
@@ -176,6 +186,20 @@ MUTANTS = (
              "pulls -= (k_d.unsqueeze(-1)", "pulls += (k_d.unsqueeze(-1)",
              "the delta write's retrieval term added to the columns' adjoint instead of subtracted",
              harness=ops("named_backend or reference_agrees", "kda")),
+    one_line("columns-read-after-the-write", COLUMNS,
+             "before = torch.cat([start.unsqueeze(3), read[:, :, :, :-1]], 3)", "before = read",
+             "dL/da_t takes the column as step t's query reads it, after the write (W_t), not the column the decay "
+             "scales (W_{t-1}): an off-by-one in time",
+             harness=ops("named_backend or reference_agrees", "gla or kda")),
+    one_line("columns-history-ignores-the-start-state", COLUMNS,
+             "start = torch.zeros_like(read[:, :, :, 0]) if state is None else _channel_of(copies, state)",
+             "start = torch.zeros_like(read[:, :, :, 0])",
+             "the column before the first step taken as 0 where the op starts from a state",
+             harness=ops("named_backend or reference_agrees", "gla or kda")),
+    one_line("columns-adjoint-starts-from-zero", COLUMNS,
+             "flip(shifted), final.unsqueeze(-1))", "flip(shifted), None)",
+             "the columns' adjoint run back from 0, not from the final state's gradient dL/dW_T",
+             harness=ops("named_backend or reference_agrees", "gla or kda")),
 
     # -- ops/memory.py: the decoder's memory --
     one_line("memory-reorder-leaves-the-free-slot-unzeroed", MEMORY,
@@ -203,7 +227,8 @@ MUTANTS = (
     one_line("streams-any-other-position-continues", STREAMS,
              "elif stream is not None and position == stream.position + 1 and position > 0:",
              "elif stream is not None and position != stream.position:",
-             "a carried stream's reset skipped: a segment at any new position continues the last one, not only the next"),
+             "a carried stream's reset skipped: a segment at any new position continues the last one, not only the "
+             "next"),
     one_line("streams-start-not-copied", STREAMS,
              "state = stream.start.to(device)", "state = stream.start",
              "the state a segment starts from handed out itself, not a copy: the layer's forward moves it on"),
@@ -263,17 +288,69 @@ MUTANTS = (
              "divided_by_normalizer(out, (q * z).sum(-2, keepdim=True), self.options.eps)",
              "z_t . phi(q_t) summed over the time axis instead of the features",
              harness=f"{MODELS} and ({DECODING})"),
+    one_line("normaliser-without-eps", LAYER,
+             "torch.where(normalizer > 0, out / (normalizer + eps), 0.0)",
+             "torch.where(normalizer > 0, out / normalizer, 0.0)",
+             "Eqs. 19, 28's eps dropped as redundant beside the guard against a normaliser of 0 (the fused step, in "
+             "C++, still adds it)",
+             harness=f"{MODELS} and ({DECODING})"),
+    one_line("normaliser-guard-branches-swapped", LAYER,
+             "torch.where(normalizer > 0, out / (normalizer + eps), 0.0)",
+             "torch.where(normalizer > 0, 0.0, out / (normalizer + eps))",
+             "the guard's branches swapped: 0 wherever z . phi(q) is positive, the quotient where it is 0",
+             harness=f"{MODELS} and ({DECODING})"),
     one_line("delta-retrieval-normalised-by-the-current-sum", LAYER,
              "    return torch.cat([first, z[:, :, :-1]], 2)", "    return z",
              "the delta rules' retrieval normalised by z_t (this token's key included), not z_{t-1} (Eqs. 26-28)",
              harness=models(DECODING, "delta or product")),
+
+    # -- sequence_generator.py: a prompt read in one call --
+    one_line("log-probability-chunk-targets-a-column-slice", GENERATOR,
+             "targets[:, start:start + LOG_PROB_CHUNK].contiguous())", "targets[:, start:start + LOG_PROB_CHUNK])",
+             "a chunk of the prompt's targets handed on as a column slice: an adaptive softmax views it as one row, "
+             "which fails for several rows", harness=GENERATION),
+    one_line("temperature-divides-in-place", GENERATOR,
+             "output = output / temperature", "output = output.div_(temperature)",
+             "--temperature divides the output layer's output in place: an adaptive softmax's is the features "
+             "themselves, and the distribution after the prompt is divided twice (T squared)", harness=GENERATION),
+    one_line("prompts-eos-ends-the-hypothesis-in-the-forced-positions", GENERATOR,
+             "if self.model.served is None:\n            return super()._prefix_tokens",
+             "if True:\n            return super()._prefix_tokens",
+             "fairseq's forcing where the loop steps through a prompt: its </s> ends the hypothesis there, but is "
+             "read as context in the positions the loop skips (the result depends on the batch)", harness=GENERATION),
+    one_line("a-beam-of-the-vocabulary-starts-after-the-prompt", GENERATOR,
+             "\n                and not self._first_step_takes_fewer())", ")",
+             "beam search starts after the prompt at its first step even where that step takes fewer candidates "
+             "than a later one (a beam of half the vocabulary or more)", harness=GENERATION),
+    one_line("prompt-rows-not-right-aligned", GENERATOR,
+             "shift = longest - lengths  # padding before each row's bos", "shift = lengths * 0",
+             "the prompts read in one call left-aligned: a shorter prompt's padding falls after it, between the prompt "
+             "and its first new token", harness=GENERATION),
+    one_line("shifted-start-keeps-the-length-limit", GENERATOR,
+             "self.max_len_b, self.max_len, self.min_len = self.max_len_b - skipped,",
+             "self.max_len_b, self.max_len, self.min_len = self.max_len_b,",
+             "the loop that starts after the skipped prompt positions keeps --max-len-b as given: hypotheses as many "
+             "tokens longer", harness=GENERATION),
+    one_line("skipped-prompt-scores-without-unknown-penalty", GENERATOR,
+             "skipped = self.as_forced(self.model.skipped_scores[sentence], prompt).to(positional)",
+             "skipped = self.model.skipped_scores[sentence].to(positional)",
+             "the skipped prompt positions' scores given back without --unkpen on their <unk>", harness=GENERATION),
+    one_line("sampling-draws-one-skipped-step-too-few", GENERATOR,
+             "for skipped_step in range(self.skipped):", "for skipped_step in range(self.skipped - 1):",
+             "seeded sampling draws the random numbers of one skipped prompt position too few: other samples than "
+             "forcing's", harness=GENERATION),
+    one_line("forced-eos-stand-in-left-in-the-tokens", GENERATOR,
+             "        if step > self.skipped:\n            self._restore_forced(tokens, step - 1)\n", "",
+             "the stand-in the loop forces for a prompt's </s> is left in its tokens: hypotheses with padding in their "
+             "prompts, and n-gram blocking or an LM fused in reading it", harness=GENERATION),
 
     # -- ops/rules/: the rules' own steps and kernels --
     one_line("sum-rule-reads-before-its-write", RULES + "sum.py",
              "        return read + v * (k * q).sum(-1, keepdim=True)  # W_t q",
              "        return read  # W_t q",
              "the sum rule's step returns W_{t-1} q, not W_t q (Eq. 11 after Eq. 17)",
-             harness=ops("named_backend", "sum or gla") + " or " + models(f"{FORWARD} or fused_step", "sum or gated or per-channel")),
+             harness=ops("named_backend", "sum or gla")
+             + " or " + models(f"{FORWARD} or fused_step", "sum or gated or per-channel")),
     one_line("delta-substeps-retrieve-by-the-query", RULES + "delta.py",
              "vbar = vbar + u * (k[..., j, :] * k[..., i, :]).sum(-1, keepdim=True)",
              "vbar = vbar + u * (k[..., j, :] * q).sum(-1, keepdim=True)",

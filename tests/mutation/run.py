@@ -10,73 +10,55 @@ First a copy of the repository (copies.py: the working tree's files and the buil
 harness must pass unmutated (else it stops: exit status 2). Then, for each mutant, a fresh copy of that copy
 with the mutant applied, and in it:
 
-1. the property harness: `pytest tests/properties -m "not slow" -x` with the hypothesis profile "mutants" (the
-   suite's derandomized examples, a failure not shrunk), one process, one thread;
-2. where the harness passes, the fast lane: `pytest tests -m "not slow" -x` (scripts/test.sh --fast without
-   xdist), but tests/properties, which just passed on the same copy with the same examples. The first time a
-   mutant needs it, the unmutated copy's whole fast lane runs: the tests it fails (someone's work in progress)
-   are left out of the mutants' fast lanes, and named in the output (else every mutant would count as caught).
+1. the property harness: `pytest tests/properties -m "not slow"` with the hypothesis profile "mutants" (the
+   suite's examples, a failure not shrunk), one process, one thread;
+2. where no harness test caught it (in its selection or not), the fast lane: `pytest tests -m "not slow"`
+   (scripts/test.sh --fast without xdist), but tests/properties, which just ran on the same copy with the same
+   examples. The first time a mutant needs it, the unmutated copy's whole fast lane runs: the tests it fails
+   (someone's work in progress) are left out of the mutants' fast lanes, and named in the output (else every
+   mutant would count as caught).
 
-Each mutant's line says: caught by the harness (the first test that failed), caught by the fast lane only (its
-test), equivalent (the catalog's reason: nothing caught it, and mutants.py says why nothing can), survived, or
-stale (its text is no longer in the file it changes). Flagged beside: a mutant whose `harness` selection says
-the harness must catch it and that it missed (the harness needs strengthening), one the harness caught by a
-test outside that selection, and one marked equivalent that a test caught (its reason is wrong). The table at
-the end gives the totals and the time. Exit status 0 when every mutant is caught or equivalent and the harness
-caught every one it must; 1 otherwise.
+A mutant is caught by a test whose failure is an assertion (catches.py: AssertionError or pytest's Failed; a
+property test fails with its first failing example's exception), in the mutant's `harness` selection where it
+has one. Each lane runs on past crashes (any other exception: a shape error, an import, a hang) to the first
+such catch, and stops there; a crash is reported apart, never counted as caught.
+
+Each mutant's line says: caught by the harness (the test whose assertion failed), caught by the fast lane only
+(its test), caught outside its selection (the harness caught it, but only by tests its `harness` selection leaves
+out), crashed (no assertion failed; the first crash's exception and test), equivalent (the catalog's reason:
+nothing caught it, and mutants.py says why nothing can), survived, or stale (its text is no longer in the file it
+changes). Flagged beside: a mutant whose `harness` selection says the harness must catch it and that it missed
+(the harness needs strengthening), and one marked equivalent that a test caught or crashed on (its reason is
+wrong). The table at the end gives the totals and the time. Exit status 0 when every mutant is caught (in its
+selection) or equivalent, and the harness caught every one it must; 1 otherwise (crashed and caught outside its
+selection included).
 """
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from catches import first, said  # noqa: E402
 from copies import apply, copy_of_the_repository, pytest_in  # noqa: E402
 from mutants import MUTANTS  # noqa: E402
 
-HARNESS = ("tests/properties", "-m", "not slow", "-x")
-FAST_LANE = ("tests", "-m", "not slow", "-x", "--ignore=tests/properties")
-TIMEOUT = {"harness": 1800, "fast lane": 3600}  # a mutant that makes a run hang is caught by it, as "(timed out)"
-FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$", re.MULTILINE)
+HARNESS = ("tests/properties", "-m", "not slow", "--continue-on-collection-errors")
+FAST_LANE = ("tests", "-m", "not slow", "--continue-on-collection-errors", "--ignore=tests/properties")
+TIMEOUT = {"harness": 1800, "fast lane": 3600}  # a run that hangs on a mutant ends as a crash, "timed out"
 
 
-def selected(expression, nodeid):
-    """Whether pytest's `-k expression` selects the test `nodeid` (names matched as substrings of its id, without
-    case, as -k matches them against a test's names)."""
-    from _pytest.mark.expression import Expression
-
-    nodeid = nodeid.lower()
-    return Expression.compile(expression).evaluate(lambda name, **_: name.lower() in nodeid)
-
-
-def first_failure(status, output):
-    """(the first failed test's id, its message) of a pytest run that failed, or a stand-in for a run that failed
-    without one (an import error while collecting, a crash)."""
-    found = FAILED.search(output)
-    if found:
-        return found.group(1), (found.group(2) or "").strip()
-    tail = [line for line in output.strip().splitlines()[-3:] if line.strip()]
-    return f"(pytest exit status {status})", " | ".join(tail)
-
-
-def run_lane(copy, lane, args):
-    """(failed test or None, its message, seconds) of one lane in the copy."""
+def run_lane(copy, lane, args, selection=None):
+    """(lane, its failures (catches.py's records), seconds) of one lane in the copy, run to its first catch in the
+    `selection` (-k's syntax; None: any test)."""
     start = time.monotonic()
-    try:
-        status, output = pytest_in(copy, *args, timeout=TIMEOUT[lane])
-    except Exception as err:  # subprocess.TimeoutExpired: the run hung on the mutant
-        return "(timed out)", str(err), time.monotonic() - start
-    seconds = time.monotonic() - start
-    if status == 0:
-        return None, "", seconds
-    if status == 5:
-        raise RuntimeError(f"{lane}: no tests collected in {copy}:\n{output[-3000:]}")
-    test, message = first_failure(status, output)
-    return test, message, seconds
+    run = pytest_in(copy, *args, selection=selection, stop_at_catch=True, timeout=TIMEOUT[lane])
+    if run.status == 5:
+        raise RuntimeError(f"{lane}: no tests collected in {copy}:\n{run.output[-3000:]}")
+    return lane, run.failures, time.monotonic() - start
 
 
 class Copies:
@@ -113,68 +95,91 @@ def stale(mutant, base):
 def baseline_harness(copies):
     """The unmutated copy's harness must pass: else it stops (exit status 2)."""
     path = copies.fresh("unmutated-harness")
-    test, message, seconds = run_lane(path, "harness", HARNESS)
+    start = time.monotonic()
+    failures = pytest_in(path, *HARNESS, timeout=TIMEOUT["harness"]).failures
     copies.done(path)
-    if test is not None:
-        print(f"[mutants] the unmutated copy fails its harness: {test} {message}\nStopped: fix that first (a failure "
-              "there would count every mutant as caught).", flush=True)
+    if failures:
+        print(f"[mutants] the unmutated copy fails its harness: {'; '.join(map(said, failures))}\nStopped: fix that "
+              "first (a failure there would count every mutant as caught).", flush=True)
         sys.exit(2)
-    print(f"[mutants] unmutated copy: its harness passes ({seconds:.0f} s)", flush=True)
+    print(f"[mutants] unmutated copy: its harness passes ({time.monotonic() - start:.0f} s)", flush=True)
 
 
 def baseline_fast_lane(copies):
     """The tests the unmutated copy's fast lane fails (the whole lane run, not stopped at the first), which the
     mutants' fast lanes leave out (--deselect): a failure there would count every mutant as caught. Said, with
-    the failures, in the output and the table; a run that fails without a test to name stops (exit status 2)."""
+    the failures, in the output and the table; a failure without a test to name (a module that does not import,
+    a run that died) stops it (exit status 2)."""
     path = copies.fresh("unmutated-fast-lane")
     start = time.monotonic()
-    status, output = pytest_in(path, *[arg for arg in FAST_LANE if arg != "-x"], timeout=TIMEOUT["fast lane"])
+    failures = pytest_in(path, *FAST_LANE, timeout=TIMEOUT["fast lane"]).failures
     copies.done(path)
-    failing = sorted({found.group(1) for found in FAILED.finditer(output)})
-    if status not in (0, 1) or (status == 1 and not failing):
-        print(f"[mutants] the unmutated copy's fast lane fails (pytest exit status {status}):\n{output[-3000:]}\n"
+    unnamed = [failure for failure in failures if failure["when"] in ("collect", "run")]
+    if unnamed:
+        print(f"[mutants] the unmutated copy's fast lane fails: {'; '.join(map(said, unnamed))}\n"
               "Stopped: fix that first.", flush=True)
         sys.exit(2)
-    said = f"{len(failing)} tests fail, left out of the mutants' fast lanes: {', '.join(failing)}" if failing \
+    failing = sorted({failure["test"] for failure in failures})
+    told = f"{len(failing)} tests fail, left out of the mutants' fast lanes: {', '.join(failing)}" if failing \
         else "passes"
-    print(f"[mutants] unmutated copy: its fast lane {said} ({time.monotonic() - start:.0f} s)", flush=True)
+    print(f"[mutants] unmutated copy: its fast lane {told} ({time.monotonic() - start:.0f} s)", flush=True)
     return failing
 
 
+def verdict(lanes):
+    """(result, the failure it names) of a mutant's lanes [(lane, failures, seconds), ...] in the order they ran: the
+    first lane with a catch in its selection (catches are assertions; the selection is the mutant's `harness` in
+    the harness, every test in the fast lane), a lane whose catches all lie outside it, the first crash, or
+    (None, None) where nothing failed."""
+    for lane, failures, _ in lanes:
+        caught, outside = first(failures, catch=True, selected=True), first(failures, catch=True, selected=False)
+        if caught or outside:
+            return (lane, caught) if caught else ("outside its selection", outside)
+    crash = first([failure for _, failures, _ in lanes for failure in failures], catch=False)
+    return ("crashed", crash) if crash else (None, None)
+
+
+def judged(mutant, lanes, harness_only):
+    """{"result", "test", "type", "message", "seconds", "notes", "failures"} of a mutant from its lanes (verdict):
+    "failures" holds every lane's, in the order they happened."""
+    result, failure = verdict(lanes)
+    notes = []
+    if result is None:  # nothing failed (with --harness-only: in the harness)
+        result = "equivalent" if mutant.equivalent else "not caught" if harness_only else "survived"
+        failure = {"test": "", "type": "", "message": mutant.equivalent or ""}
+    elif mutant.equivalent:
+        what = "a test crashed on it" if result == "crashed" else "a test caught it"
+        notes.append(f"marked equivalent, but {what}: its reason is wrong")
+    if mutant.harness and result == "outside its selection":
+        notes.append(f"caught by a test outside its selection -k {mutant.harness!r}, and by none in it")
+    elif mutant.harness and result != "harness":
+        crash = first(lanes[0][1], catch=False)
+        notes.append(f"the harness must catch it (-k {mutant.harness!r}) and missed it"
+                     + (f" (it crashed: {said(crash)})" if crash else ""))
+    return {"result": result, "test": failure["test"], "type": failure["type"], "message": failure["message"],
+            "seconds": sum(seconds for _, _, seconds in lanes), "notes": notes,
+            "failures": [failure for _, failures, _ in lanes for failure in failures]}
+
+
 def run_mutant(mutant, copies, harness_only, fast_lane_failing):
-    """({"result", "test", "message", "seconds", "notes"} of one mutant, the tests the unmutated copy's fast lane
-    fails: None until a mutant needs the fast lane)."""
+    """(the result of one mutant (judged), the tests the unmutated copy's fast lane fails: None until a mutant
+    needs the fast lane)."""
     why = stale(mutant, copies.base)
     if why is not None:
-        return {"result": "stale", "test": "", "message": why, "seconds": 0.0,
-                "notes": ["its text moved: rewrite it against the code"]}, fast_lane_failing
+        return {"result": "stale", "test": "", "type": "", "message": why, "seconds": 0.0,
+                "notes": ["its text moved: rewrite it against the code"], "failures": []}, fast_lane_failing
     path = copies.fresh(mutant.name)
     try:
         apply(mutant, path)
-        test, message, seconds = run_lane(path, "harness", HARNESS)
-        result = "harness"
-        if test is None and not harness_only:
+        lanes = [run_lane(path, "harness", HARNESS, mutant.harness)]
+        if not harness_only and first(lanes[0][1], catch=True) is None:
             if fast_lane_failing is None:
                 fast_lane_failing = baseline_fast_lane(copies)
             left_out = [f"--deselect={test}" for test in fast_lane_failing]
-            test, message, more = run_lane(path, "fast lane", (*FAST_LANE, *left_out))
-            seconds += more
-            result = "fast lane"
+            lanes.append(run_lane(path, "fast lane", (*FAST_LANE, *left_out)))
     finally:
         copies.done(path)
-    notes = []
-    if test is None:  # nothing caught it (with --harness-only: the harness did not)
-        result = "equivalent" if mutant.equivalent else "not caught" if harness_only else "survived"
-        if result == "equivalent":
-            message = mutant.equivalent
-    elif mutant.equivalent:
-        notes.append("marked equivalent, but a test caught it: its reason is wrong")
-    if mutant.harness and result != "harness":
-        notes.append(f"the harness must catch it (-k {mutant.harness!r}) and missed it")
-    if mutant.harness and result == "harness" and not selected(mutant.harness, test):
-        notes.append(f"caught by a test outside its selection -k {mutant.harness!r}")
-    return {"result": result, "test": test or "", "message": message, "seconds": seconds, "notes": notes}, \
-        fast_lane_failing
+    return judged(mutant, lanes, harness_only), fast_lane_failing
 
 
 def short(test):
@@ -183,20 +188,35 @@ def short(test):
     return f"{os.path.basename(path)}::{rest}" if found else test
 
 
-KINDS = ("harness", "fast lane", "equivalent", "survived", "not caught", "stale")  # "not caught": --harness-only
+def shown(r):
+    """What a result's line names: the catch's test, the crash's exception and test, or the reason."""
+    if not r["test"]:
+        return r["message"]
+    return f"{r['type']} in {short(r['test'])}" if r["result"] == "crashed" else short(r["test"])
+
+
+KINDS = ("harness", "fast lane", "equivalent", "survived", "crashed", "outside its selection", "not caught",
+         "stale")  # "not caught": --harness-only
 
 
 def table(results, elapsed):
-    lines = [f"{'mutant':<52} {'result':<11} {'time':>6}  test (or reason)"]
+    lines = [f"{'mutant':<52} {'result':<21} {'time':>6}  test (or reason)"]
     for name, r in results.items():
-        lines.append(f"{name:<52} {r['result']:<11} {r['seconds']:>5.0f}s  {short(r['test']) or r['message']}")
+        lines.append(f"{name:<52} {r['result']:<21} {r['seconds']:>5.0f}s  {shown(r)}")
         lines += [f"{'':<52} ! {note}" for note in r["notes"]]
     counts = {kind: sum(r["result"] == kind for r in results.values()) for kind in KINDS}
     lines.append(f"[mutants] {len(results)} mutants: caught by the harness {counts['harness']}, by the fast lane only "
-                 f"{counts['fast lane']}, equivalent {counts['equivalent']}, survived {counts['survived']}"
-                 + "".join(f", {kind} {counts[kind]}" for kind in KINDS[4:] if counts[kind])
+                 f"{counts['fast lane']}, equivalent {counts['equivalent']}, survived {counts['survived']}, crashed "
+                 f"{counts['crashed']}" + "".join(f", {kind} {counts[kind]}" for kind in KINDS[5:] if counts[kind])
                  + f"; {elapsed / 60:.1f} min")
     return "\n".join(lines)
+
+
+def to_look_at(results):
+    """The mutants that make the exit status 1: neither caught in their selection nor equivalent (survived,
+    crashed, caught outside its selection, stale), or flagged."""
+    return [name for name, r in results.items()
+            if r["result"] in ("survived", "crashed", "outside its selection", "stale") or r["notes"]]
 
 
 def main(argv=None):
@@ -219,7 +239,6 @@ def main(argv=None):
             print(f"{m.name:<52} {kind:<10} {m.edits[0][0]}: {m.why}")
         return 0
 
-    os.environ["COLUMNS"] = "400"  # pytest's summary lines keep the failure's message beside its test id
     start = time.monotonic()
     root = tempfile.mkdtemp(prefix="fwp-mutants-")
     print(f"[mutants] {len(chosen)} mutants; copies under {root}", flush=True)
@@ -231,8 +250,11 @@ def main(argv=None):
         for i, mutant in enumerate(chosen, 1):
             r, fast_lane_failing = run_mutant(mutant, copies, args.harness_only, fast_lane_failing)
             results[mutant.name] = r
-            print(f"[mutants] {i}/{len(chosen)} {mutant.name}: {r['result']} {r['seconds']:.0f} s "
-                  f"{short(r['test'])} {r['message'][:200]}", flush=True)
+            crashes = [said(failure) for failure in r["failures"] if not failure["catch"]]
+            print(f"[mutants] {i}/{len(chosen)} {mutant.name}: {r['result']} {r['seconds']:.0f} s {shown(r)}"
+                  + (f" {r['message'][:200]}" if r["test"] else "")
+                  + (f" (crashes: {', '.join(crashes[:5])}{' ...' if len(crashes) > 5 else ''})" if crashes else ""),
+                  flush=True)
             for note in r["notes"]:
                 print(f"[mutants]     ! {note}", flush=True)
     finally:
@@ -247,8 +269,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"seconds": elapsed, "results": results, "fast_lane_failing_unmutated": fast_lane_failing}, f,
                       indent=1)
-    bad = [name for name, r in results.items() if r["result"] in ("survived", "stale")
-           or any("must catch" in note or "reason is wrong" in note for note in r["notes"])]
+    bad = to_look_at(results)
     if bad:
         print(f"[mutants] to look at: {', '.join(bad)}", flush=True)
     return 1 if bad else 0

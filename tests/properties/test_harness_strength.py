@@ -1,7 +1,8 @@
 """The harness catches the bugs it claims to: each of these mutants (tests/mutation/mutants.py: a plausible bug
 that went through an earlier form of the harness, or that it was built to find) is applied to a copy of the
-repository, and the suite's run of the properties it breaks fails there. scripts/mutants.sh measures the
-whole set, the fast lane included (docs/DEVELOPERS.md)."""
+repository, and the suite's run of the properties it breaks fails there on an assertion, as scripts/mutants.sh
+counts a catch (tests/mutation/catches.py: a crash is not one). scripts/mutants.sh measures the whole set, the
+fast lane included (docs/DEVELOPERS.md)."""
 import os
 import sys
 
@@ -10,10 +11,16 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mutation"))
 from copies import apply, copy_of_the_repository, pytest_in  # noqa: E402
 from mutants import MUTANTS  # noqa: E402
+from run import judged  # noqa: E402
 
 NAMED = ("chunked-delta-beta-gradient-through-chunk-starts",  # passed all 18 property tests of the first harness
          "reorder-skips-short-convolution-caches",  # passed them too: wrong tokens in beams with short convolutions
-         "disjoint-supports-under-attention-normalisation")  # 4e-3 of the largest gradient in float32
+         "disjoint-supports-under-attention-normalisation",  # 4e-3 of the largest gradient in float32
+         # an LM's prompt read in one call: the corners its generation invariant first missed
+         "log-probability-chunk-targets-a-column-slice",  # an adaptive softmax, 256 tokens, several rows: crashed
+         "temperature-divides-in-place",  # an adaptive softmax sampled the first new token at T squared
+         "prompts-eos-ends-the-hypothesis-in-the-forced-positions",  # a prompt's </s>: the result hung on the batch
+         "a-beam-of-the-vocabulary-starts-after-the-prompt")  # other hypotheses than forcing's, </s> inside them
 
 
 @pytest.mark.slow
@@ -21,5 +28,6 @@ NAMED = ("chunked-delta-beta-gradient-through-chunk-starts",  # passed all 18 pr
 def test_the_suites_property_run_fails_on_the_mutant(mutant, tmp_path):
     copy = copy_of_the_repository(str(tmp_path))
     apply(mutant, copy)
-    status, output = pytest_in(copy, "tests/properties", "-x", "-k", mutant.harness)
-    assert status == 1 and " failed" in output, output[-3000:]
+    run = pytest_in(copy, "tests/properties", "-k", mutant.harness, selection=mutant.harness, stop_at_catch=True)
+    result = judged(mutant, [("harness", run.failures, 0.0)], harness_only=True)
+    assert result["result"] == "harness", f"{result}\n{run.output[-3000:]}"
