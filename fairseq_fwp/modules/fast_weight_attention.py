@@ -41,9 +41,10 @@ from ..ops.memory import factored_length_limit
 from .attention_options import AttentionOptions
 from .backend_log import BackendLog
 from .carried_streams import CarriedStreams
-from .feature_maps import build_feature_map, normalize_features
+from .feature_maps import build_feature_map
 from .fused_step import fused_step_for
 from .gates import DecayGate, OutputGate
+from .layouts import project, project_all, to_batch_first
 from .short_convolution import ShortConvolution
 from .state import FastWeightState, rows_per_source
 
@@ -168,7 +169,7 @@ class FastWeightAttention(nn.Module):
         return self.out_proj(out.reshape(1, out.shape[0], -1))
 
     def _phi(self, x):
-        return normalize_features(self.feature_map(self._heads(x)), self.options.qk_norm)
+        return self.feature_map.normalized(self._heads(x), self.options.qk_norm)
 
     def _finish(self, out, x):
         """[B, H, T, d] -> [T, B, H * d] through the output gate (if any) and the output projection."""
@@ -177,7 +178,7 @@ class FastWeightAttention(nn.Module):
         if self.options.output_scaling:
             out = out * self.head_dim ** -0.5
         B, H, T, d = out.shape
-        return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * d))
+        return project(self.out_proj, out.permute(2, 0, 1, 3).reshape(T, B, H * d))
 
     def _normalize_output(self, out, q, z):
         """Eq. 19 / Eq. 28: divide by z_t . phi(q_t)."""
@@ -195,8 +196,10 @@ class FastWeightAttention(nn.Module):
         one_step = incremental_state is not None and x.shape[0] == 1 and not torch.is_grad_enabled()
         if one_step and self.fused_step is not None and self.fused_step.runs(x, keep):
             return self._fused_causal_step(x, state, incremental_state)
-        q, k, v = self._causal_features(x, keep, state)
-        beta, log_decay = self._gates(x, keep)
+        x = to_batch_first(x)  # layouts.py: fla's layout from here to the output projection, which reads it
+        projected, logits = self._projections(x, keep, state)
+        q, k, v = self._causal_features(projected, keep)
+        beta, log_decay = self._gates(x, keep, logits)
         z, k, beta = self._attention_normalization(k, beta, state, one_step)
         out = self._program(q, k, v, beta, log_decay, state, one_step)
         if z is not None:  # Eq. 19 / Eq. 28
@@ -220,45 +223,48 @@ class FastWeightAttention(nn.Module):
 
     def _projections(self, x, keep, state):
         """The q, k, v projections ``[T, B, .]``, through the short convolutions where there are any (their
-        caches in `state` advance)."""
-        projected = [self.q_proj(x), self.k_proj(x), self.v_proj(x)]
+        caches in `state` advance), and beta's logits (None for a rule without beta), all in one call
+        (layouts.project_all: one input, whose gradient their GEMMs sum)."""
+        linears = [self.q_proj, self.k_proj, self.v_proj] + ([self.beta_proj] if self.beta_proj is not None else [])
+        projected = project_all(linears, x)
+        logits = projected.pop() if self.beta_proj is not None else None
         if self.convolutions is not None:
             mask = None if keep is None else keep.t().unsqueeze(-1).to(x.dtype)  # [T, B, 1]
             caches = state.convolutions or (None,) * 3
             results = [conv(inputs if mask is None else inputs * mask, cache, None if keep is None else keep.t())
                        for conv, inputs, cache in zip(self.convolutions.values(), projected, caches)]
             projected, state.convolutions = [y for y, _ in results], tuple(cache for _, cache in results)
-        return projected
+        return projected, logits
 
     def _fused_causal_step(self, x, state, incremental_state):
         """One decoding step through the fused step (fused_step.py): the projections and gates here, then
         one call for the features, the memory's update and its read."""
-        q, k, v = (self._step_heads(y) for y in self._projections(x, None, state))  # [B, H, (N,) d]
+        projected, logits = self._projections(x, None, state)
+        q, k, v = (self._step_heads(y) for y in projected)  # [B, H, (N,) d]
         if not self.rule.substeps:
             k, v = k.unsqueeze(2), v.unsqueeze(2)
-        beta, log_decay = self._gates(x, None)
+        beta, log_decay = self._gates(x, None, logits)
         out = self.fused_step(q, k, v, _step(beta), _step(log_decay), state)
         state.feature_draw = self.feature_map.draw
         self._set_input_buffer(incremental_state, state)
         return self._finish_step(out, x)
 
-    def _causal_features(self, x, keep, state):
-        """phi(q), phi(k) and v ``[B, H, T, .]``, through the short convolutions where there are any
-        (their caches in `state` advance); padded positions write nothing."""
-        projected = self._projections(x, keep, state)
+    def _causal_features(self, projected, keep):
+        """phi(q), phi(k) and v ``[B, H, T, .]`` of the projections; padded positions write nothing."""
         q, k, v = self._phi(projected[0]), self._phi(projected[1]), self._heads(projected[2])
         if keep is not None:
             k = k * _per_token(keep, k).to(k.dtype)
         return q, k, v
 
-    def _gates(self, x, keep):
+    def _gates(self, x, keep, logits=None):
         """beta (Eq. 21: the delta rules' write strength) and log a (the gated rules' decay) ``[B, H, T]``,
-        or None; padded positions neither write nor decay."""
+        or None; padded positions neither write nor decay. logits: beta_proj(x), where the caller has it."""
         beta = None
         if self.beta_proj is not None:
             T, B = x.shape[:2]
             writes = self.options.householder_steps
-            beta = torch.sigmoid(self.beta_proj(x)).view(T, B, writes, self.num_heads, self.strengths)
+            logits = project(self.beta_proj, x) if logits is None else logits
+            beta = torch.sigmoid(logits).view(T, B, writes, self.num_heads, self.strengths)
             beta = beta.permute(1, 3, 0, 2, 4)  # [B, H, T, N, channels]
             beta = beta.squeeze(-1) if self.strengths == 1 else beta
             beta = beta if self.rule.substeps else beta.squeeze(3)

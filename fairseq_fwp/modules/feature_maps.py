@@ -100,10 +100,87 @@ def l2_normalize(phi, eps=1e-6):
 
 
 def normalize_features(phi, how):
-    """The normalisation of phi(q), phi(k): "sum" (Eq. 29), "l2" or "none"."""
+    """The normalisation of phi(q), phi(k): "sum" (Eq. 29), "l2" or "none". The reference of the fused
+    forms (normalized_features) that the layers run."""
     if how == "sum":
         return sum_normalize(phi)
     return l2_normalize(phi) if how == "l2" else phi
+
+
+def normalized_features(phi, how, eps=1e-6):
+    """normalize_features(phi, how) in one pass over phi forward, and two ("sum") or three ("l2") backward,
+    each computed in float32 (float64 for float64) and written in phi's dtype and memory order: the ops read
+    the features in their own dtype, so a float32 result (what autocast's float32 sum makes of a division)
+    would only be cast back. Only the output and the per-vector sums are kept for the backward pass."""
+    if how == "sum":
+        return _SumNormalized.apply(phi, False, eps)
+    return _L2Normalized.apply(phi, eps) if how == "l2" else phi
+
+
+def _accumulation_dtype(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+class _SumNormalized(torch.autograd.Function):
+    """Eq. 29, phi / sum_j phi_j (sums clamped to eps, as sum_normalize), of phi = x, or of phi = elu(x) + 1
+    (through_elu: the linear map, Eq. 30, in the same passes: phi / S = (elu(x) + 1) / S with
+    S = D + sum_j elu(x_j)).
+
+    Backward: with r = g . out (g the output's gradient), d phi = (g - r) / S (r = 0 where the clamp holds S
+    at eps); through elu, times elu'(x) = min(phi, 1): d x = (g - r) min(out, 1 / S), from the output alone."""
+
+    @staticmethod
+    def forward(ctx, x, through_elu, eps):
+        with torch.autocast(x.device.type, enabled=False):
+            phi = F.elu(x) if through_elu else x  # without its + 1 through elu
+            total = phi.sum(-1, keepdim=True, dtype=_accumulation_dtype(x))
+            if through_elu:
+                total.add_(x.shape[-1])
+            unclamped = total >= eps
+            inverse = total.clamp_min_(eps).reciprocal_()
+            if through_elu:  # (elu(x) + 1) / S
+                out = torch.addcmul(inverse, phi, inverse, out=torch.empty_like(phi))
+            else:
+                out = torch.mul(phi, inverse, out=torch.empty_like(phi))
+        ctx.through_elu = through_elu
+        ctx.save_for_backward(out, inverse, unclamped)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        out, inverse, unclamped = ctx.saved_tensors
+        with torch.autocast(g.device.type, enabled=False):
+            r = (g * out).sum(-1, keepdim=True, dtype=inverse.dtype).mul_(unclamped)
+            grad = torch.empty_like(g)
+            if ctx.through_elu:
+                torch.sub(g, r, out=grad).mul_(torch.minimum(out, inverse.to(out.dtype)))
+            else:  # (g - r) / S
+                torch.addcmul(r.mul_(inverse).neg_(), g, inverse, out=grad)
+        return grad, None, None
+
+
+class _L2Normalized(torch.autograd.Function):
+    """phi / |phi|_2 (norms clamped to eps, as l2_normalize). Backward: d phi = (g - r out) / n, with
+    r = g . out and n the clamped norm (r = 0 where the clamp holds n at eps)."""
+
+    @staticmethod
+    def forward(ctx, phi, eps):
+        with torch.autocast(phi.device.type, enabled=False):
+            norm = torch.linalg.vector_norm(phi, dim=-1, keepdim=True, dtype=_accumulation_dtype(phi))
+            n = norm.clamp_min(eps)
+            out = torch.div(phi, n, out=torch.empty_like(phi))
+        ctx.save_for_backward(out, n, norm >= eps)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        out, n, unclamped = ctx.saved_tensors
+        with torch.autocast(g.device.type, enabled=False):
+            r = (g * out).sum(-1, keepdim=True, dtype=n.dtype).mul_(unclamped)
+            grad = torch.addcmul(g, out, r, value=-1, out=torch.empty_like(g)).div_(n)
+        return grad, None
 
 
 class OptionError(ValueError):
@@ -136,6 +213,10 @@ class FeatureMap(nn.Module):
     def draw(self):
         """The number of the features in use (random maps), or None (deterministic maps)."""
         return None
+
+    def normalized(self, x, how):
+        """phi(x) normalised as `how` says (normalize_features), its normalisation fused (normalized_features)."""
+        return normalized_features(self(x), how)
 
 
 def start_training_step(model):
@@ -172,6 +253,10 @@ class LinearFeatureMap(FeatureMap):
 
     def forward(self, x):
         return F.elu(x) + 1
+
+    def normalized(self, x, how):
+        """Sum-normalised, the map and Eq. 29 together: two passes forward, four backward (_SumNormalized)."""
+        return _SumNormalized.apply(x, True, 1e-6) if how == "sum" else super().normalized(x, how)
 
 
 @register_feature_map("performer")

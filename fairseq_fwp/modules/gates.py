@@ -28,6 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .layouts import project
+
 DECAY_FORMS = ("mamba2", "logsigmoid")
 
 
@@ -67,7 +69,7 @@ class DecayGate(nn.Module):
         The log goes to the ops as it is: exp of it underflows to 0 in float32 once log a < -104,
         which the ops take as the full forget it is (ops/decay.py).
         """
-        z = self.proj(x)  # [T, B, H (D)]
+        z = project(self.proj, x)  # [T, B, H (D)], in x's memory order
         T, B = z.shape[:2]
         z = z.permute(1, 2, 0) if self.channels is None else z.view(T, B, self.num_heads, -1).permute(1, 2, 0, 3)
         return self.log_decay_from_logits(z)
@@ -109,8 +111,12 @@ class OutputGate(nn.Module):
         self.weight = nn.Parameter(torch.ones(embed_dim // num_heads))
 
     def forward(self, out, x):
-        """out ``[B, H, T, d]`` (the attention's), x ``[T, B, C]`` -> ``[B, H, T, d]``."""
-        normed = out * torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True) + self.eps).to(out.dtype)
+        """out ``[B, H, T, d]`` (the attention's), x ``[T, B, C]`` -> ``[B, H, T, d]``, in out's dtype: the
+        mean square is a float32 (float64) reduction of out as it is, and the scale is taken in out's dtype,
+        so that no pass makes a float32 copy of out (the output projection reads out's dtype)."""
+        wide = torch.float64 if out.dtype == torch.float64 else torch.float32
+        mean_square = torch.linalg.vector_norm(out, dim=-1, keepdim=True, dtype=wide).square() / out.shape[-1]
+        normed = out * torch.rsqrt(mean_square + self.eps).to(out.dtype)
         T, B, C = x.shape
-        gate = F.silu(self.gate(x)).view(T, B, self.num_heads, -1).permute(1, 2, 0, 3)
-        return normed * self.weight * gate
+        gate = F.silu(project(self.gate, x)).view(T, B, self.num_heads, -1).permute(1, 2, 0, 3)
+        return normed * self.weight.to(out.dtype) * gate

@@ -256,12 +256,11 @@ MUTANTS = (
 
     # -- modules/gates.py, modules/feature_maps.py: gates and feature maps --
     one_line("output-gate-rms-over-time", GATES,
-             "out.float().pow(2).mean(-1, keepdim=True)", "out.float().pow(2).mean(-2, keepdim=True)",
+             "vector_norm(out, dim=-1, keepdim=True, dtype=wide)", "vector_norm(out, dim=-2, keepdim=True, dtype=wide)",
              "the output gate's RMS norm over the time axis instead of the head's channels",
              harness=f"{MODELS} and ({DECODING})"),
     one_line("output-gate-eps-outside-the-root", GATES,
-             "torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True) + self.eps)",
-             "(torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True)) + self.eps)",
+             "torch.rsqrt(mean_square + self.eps)", "(torch.rsqrt(mean_square) + self.eps)",
              "the RMS norm's eps added after the reciprocal square root, not under it: 1 / 0 where a head's output "
              "is 0 (DPFP's disjoint supports under attention normalisation)",
              harness=f"{MODELS} and (training_gives or the_backend_gives or {DECODING})"),

@@ -1,0 +1,107 @@
+"""Batch-first memory under fairseq's time-first shapes.
+
+fairseq hands an attention layer ``[T, B, C]``; fla's kernels read ``[B, T, H, D]``, contiguous. The causal
+layer keeps fairseq's shapes (``[T, B, C]``, and ``[B, H, T, D]`` for heads) but holds them in batch-first
+memory: ``to_batch_first`` lays its input out once, in the dtype its projections compute in, and every
+projection (``project``) and elementwise op after it keeps that order. Per-head views of a projection are
+then fla's layout as they lie (fla.py's transposes are views; fla copies nothing), and the output
+projection reads fla's output in place. The one copy back to time-first memory is in the backward pass,
+where the output projection's GEMM reads the gradient fairseq gives.
+"""
+import torch
+
+
+def compute_dtype(x):
+    """The dtype x's projections compute in: autocast's where it is on (float64 opts out), else x's."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+def to_batch_first(x):
+    """x ``[T, B, C]`` in batch-first memory and in compute_dtype(x), in one pass (autocast would cast it once
+    per projection); its gradient comes back time-first and contiguous, as fairseq's layer norm reads it."""
+    dtype = compute_dtype(x)
+    if x.dtype == dtype and x.transpose(0, 1).is_contiguous():
+        return x
+    return _ToBatchFirst.apply(x, dtype)
+
+
+class _ToBatchFirst(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = x.dtype
+        return x.transpose(0, 1).to(dtype, memory_format=torch.contiguous_format).transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype, memory_format=torch.contiguous_format), None
+
+
+def project(linear, x):
+    """linear(x) for x ``[T, B, C]`` in either memory order, in that order: the GEMM reads x as it lies (a
+    time-first GEMM on batch-first memory would copy it first, and add the bias in a pass of its own)."""
+    if x.is_contiguous():
+        return linear(x)
+    return linear(x.transpose(0, 1)).transpose(0, 1)
+
+
+def project_all(linears, x):
+    """[project(linear, x) for linear in linears] for nn.Linear maps reading one input x ``[T, B, C]``, whose
+    input gradients the backward pass sums inside the GEMMs (each accumulates into the sum so far) instead
+    of in a pass per extra linear, as autograd would. Under autocast, computed as F.linear computes it.
+    Without gradients, or for a module that is not a plain nn.Linear (or has hooks), the linears one by one."""
+    if not torch.is_grad_enabled() or any(type(linear) is not torch.nn.Linear or linear._forward_hooks or
+                                          linear._forward_pre_hooks for linear in linears):
+        return [project(linear, x) for linear in linears]
+    parameters = [p for linear in linears for p in (linear.weight, linear.bias)]
+    return list(_SharedInput.apply(x, *parameters))
+
+
+def _rows(x, batch_first):
+    """x ``[T, B, n]`` as the matrix of its T B rows in batch-first (or time-first) order: a view where x lies
+    in that order."""
+    return (x.transpose(0, 1) if batch_first else x).reshape(-1, x.shape[-1])
+
+
+def _unrows(y, batch_first, T, B):
+    return y.view(B, T, -1).transpose(0, 1) if batch_first else y.view(T, B, -1)
+
+
+class _SharedInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, *parameters):
+        T, B = x.shape[:2]
+        batch_first = not x.is_contiguous() and x.transpose(0, 1).is_contiguous()
+        dtype = compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            rows = _rows(x, batch_first).to(dtype)
+            weights = [w.to(dtype) for w in parameters[0::2]]
+            outs = [torch.nn.functional.linear(rows, w, None if b is None else b.to(dtype))
+                    for w, b in zip(weights, parameters[1::2])]
+        ctx.save_for_backward(rows, *weights)
+        ctx.layout, ctx.x_dtype = (batch_first, T, B), x.dtype
+        ctx.dtypes = [None if p is None else p.dtype for p in parameters]
+        return tuple(_unrows(y, *ctx.layout) for y in outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        rows, *weights = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        batch_first = ctx.layout[0]
+        grad_rows, grad_parameters = None, []
+        with torch.autocast(rows.device.type, enabled=False):
+            for i, (g, w) in enumerate(zip(grads, weights)):
+                needs_weight, needs_bias = needs[1 + 2 * i], needs[2 + 2 * i]
+                if g is None:
+                    grad_parameters += [None, None]
+                    continue
+                g = _rows(g, batch_first).to(w.dtype)
+                if needs[0]:
+                    grad_rows = g @ w if grad_rows is None else grad_rows.addmm_(g, w)
+                grad_parameters.append((g.t() @ rows).to(ctx.dtypes[2 * i]) if needs_weight else None)
+                grad_parameters.append(g.sum(0).to(ctx.dtypes[2 * i + 1]) if needs_bias else None)
+        grad_x = None if grad_rows is None else _unrows(grad_rows, *ctx.layout).to(ctx.x_dtype)
+        return (grad_x, *grad_parameters)
