@@ -69,7 +69,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["fairseq_fwp", "fairseq_fwp.*"]),
-    package_data={"fairseq_fwp.ops": ["README.md"]},
+    package_data={"fairseq_fwp.ops": ["README.md"], "fairseq_fwp.ops.fla_configs": ["README.md", "*/*.json"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     install_requires=[

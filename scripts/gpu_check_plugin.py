@@ -1,7 +1,8 @@
 """The GPU check's pytest plugin: each test's outcome goes into the report the moment pytest reports it.
 
     pytest -p gpu_check_plugin ...     (scripts/ on PYTHONPATH; GPU_CHECK_SECTION=PATH names the section,
-                                        GPU_CHECK_HEADER its first lines)
+                                        GPU_CHECK_HEADER its first lines; GPU_CHECK_SELECTION=check runs
+                                        only the GPU cases of tests/gpu_check_cases.py)
 
 The section (markdown) is rewritten whole at every report: a table per test file, then every failure with
 its test id and pytest's message. A run cut at its time limit therefore still says what failed and why.
@@ -9,11 +10,13 @@ Each file's first test is timed against the median of its others: the first one 
 compile and autotune (and the csrc extension's build), which the later ones find cached. Under
 pytest-xdist only the controller writes; it sees every worker's reports.
 """
+import importlib.util
 import json
 import os
 import statistics
 
 MESSAGE_CHARACTERS = 600
+CASES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "gpu_check_cases.py")
 
 
 class SectionWriter:
@@ -76,6 +79,27 @@ def pytest_configure(config):
     if os.environ.get("GPU_CHECK_SECTION") and not hasattr(config, "workerinput"):  # not an xdist worker
         _writer = SectionWriter(os.environ["GPU_CHECK_SECTION"], os.environ.get("GPU_CHECK_HEADER", ""))
         _writer.write()
+
+
+def check_cases():
+    """tests/gpu_check_cases.py, the check's selection of GPU cases."""
+    spec = importlib.util.spec_from_file_location("gpu_check_cases", CASES)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_collection_modifyitems(config, items):
+    """With GPU_CHECK_SELECTION=check: of the GPU cases (the `gpu` fixture's "cuda"), those of
+    tests/gpu_check_cases.py only; every other case stays."""
+    if os.environ.get("GPU_CHECK_SELECTION", "all") != "check":
+        return
+    selected = check_cases().selected
+    on_gpu = lambda item: getattr(item, "callspec", None) and item.callspec.params.get("gpu") == "cuda"  # noqa
+    dropped = [item for item in items if on_gpu(item) and not selected(item.path, item.callspec.params)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
 
 
 def pytest_runtest_logreport(report):

@@ -2,11 +2,13 @@
 # A rehearsal of the GPU check on this CPU machine, with the GPU image's software: Python 3.12,
 # torch 2.11, triton 3.6 and numpy 2.x (the device tool's KINDS.md lists the image's packages),
 # installed into .rehearsal/ from the package registry, and the wheels of scripts/gpu_wheels.sh for
-# what the image lacks. Then scripts/gpu_check.sh runs as it will on the GPU machine; without CUDA,
-# its parts that need a GPU skip (a dry run), and each part gets --time-scale 4 times its time on a
-# GPU machine (2 cores instead of 16 and a GPU). Before that, the extension's CUDA build is compiled,
-# linked and loaded here. The first run downloads torch 2.11's CUDA build (about 5 GB in .rehearsal/,
-# installed once).
+# what the image lacks. Then scripts/gpu_check.sh runs as it will on the GPU machine: first the plan
+# (GPU_CHECK_PLAN=1: scripts/gpu_check_plan.py prints, per part, the Triton kernels it will compile on a
+# cold GPU machine and its expected time there, and rewrites scripts/gpu_check_calls.json, which the
+# check's compile part replays: commit it), then the check itself; without CUDA, its parts that need a
+# GPU skip (a dry run), and each part gets --time-scale 4 times its time on a GPU machine (2 cores
+# instead of 16 and a GPU). Before that, the extension's CUDA build is compiled, linked and loaded
+# here. The first run downloads torch 2.11's CUDA build (about 5 GB in .rehearsal/, installed once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z ${PYTHON:-} ]]; then
@@ -38,5 +40,5 @@ assert extension.has_cuda_kernels(), "the CUDA build has no CUDA kernels"
 print("[gpu rehearsal] the extension's CUDA build compiles, links and loads")
 PY
 rm -rf "$ext"
-PYTHON=.rehearsal/bin/python GPU_CHECK_WORK=/tmp/fairseq_fwp_gpu_rehearsal GPU_CHECK_BUDGET=1440 \
+PYTHON=.rehearsal/bin/python GPU_CHECK_WORK=/tmp/fairseq_fwp_gpu_rehearsal GPU_CHECK_BUDGET=1440 GPU_CHECK_PLAN=1 \
     exec bash scripts/gpu_check.sh --time-scale 4 --report-name "gpu_check_$(date +%F)_rehearsal.md" "$@"

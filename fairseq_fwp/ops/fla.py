@@ -32,7 +32,7 @@ import os
 
 import torch
 
-from . import fla_guards
+from . import fla_configs, fla_guards
 from .errors import BackendUnavailableError
 from .protocol import Backend, Kernel, fits
 
@@ -54,6 +54,7 @@ def kernels():
     except ImportError as err:
         raise BackendUnavailableError(
             f"fla needs flash-linear-attention ({err}): pip install fla-core triton (or pip install -e .[gpu])") from err
+    fla_configs.preload()  # fla's autotuners start with the winners recorded for this GPU (fla_configs/)
     return {
         ("sum", "chunk"): simple_gla.chunk_simple_gla,
         ("sum", "recurrent"): simple_gla.fused_recurrent_simple_gla,
@@ -125,6 +126,7 @@ def channel_kernels():
     except ImportError as err:
         raise BackendUnavailableError(f"fla has no kernels of GLA, KDA and GDN-2 here ({err}): "
                                       "pip install fla-core>=0.6") from err
+    fla_configs.preload()
     return {("gla", "chunk"): gla.chunk_gla, ("gla", "recurrent"): gla.fused_recurrent_gla,
             ("kda", "chunk"): kda.chunk_kda, ("kda", "recurrent"): kda.fused_recurrent_kda,
             ("gdn2", "chunk"): gdn2.chunk_gdn2, ("gdn2", "recurrent"): gdn2.fused_recurrent_gdn2}
@@ -248,9 +250,11 @@ def _run_product(q, k, v, beta, state, log_decay):
 @functools.lru_cache(maxsize=None)
 def product_kernel():
     try:
-        return importlib.import_module("fla.ops.gated_delta_product").chunk_gated_delta_product
+        kernel = importlib.import_module("fla.ops.gated_delta_product").chunk_gated_delta_product
     except ImportError as err:
         raise BackendUnavailableError(f"fla has no DeltaProduct kernel here ({err}): pip install fla-core>=0.6") from err
+    fla_configs.preload()
+    return kernel
 
 
 def _product_unfit(call):
