@@ -66,7 +66,8 @@ def _rows(x, batch_first):
 
 
 def _unrows(y, batch_first, T, B):
-    return y.view(B, T, -1).transpose(0, 1) if batch_first else y.view(T, B, -1)
+    n = y.shape[-1]  # given, not -1: a batch of no tokens has no size to infer
+    return y.view(B, T, n).transpose(0, 1) if batch_first else y.view(T, B, n)
 
 
 class _SharedInput(torch.autograd.Function):
