@@ -271,15 +271,21 @@ MUTANTS = (
              "for i in range(1, self.nu + 1)]", "for i in range(self.nu)]",
              "DPFP's rolls start at 0 (r * r) instead of 1",
              harness=f"{MODELS} and (decoding_equals or fused_step)"),
+    # the layers' fused normalisations (normalized_features; their references, normalize_features, are tests')
     one_line("l2-normalise-over-time", MAPS,
-             "phi / phi.norm(dim=-1, keepdim=True)", "phi / phi.norm(dim=-2, keepdim=True)",
+             "vector_norm(phi, dim=-1, keepdim=True", "vector_norm(phi, dim=-2, keepdim=True",
              "the L2 normalisation of phi(q), phi(k) over the time axis instead of the features",
              harness=f"{MODELS} and ({DECODING})"),
     one_line("sum-normalise-eps-added", MAPS,
-             "phi / phi.sum(-1, keepdim=True).clamp_min(eps)", "phi / (phi.sum(-1, keepdim=True) + eps)",
+             "inverse = total.clamp_min_(eps).reciprocal_()", "inverse = total.add_(eps).reciprocal_()",
              "Eq. 29's eps added to the sum instead of bounding it below (the fused step's own normalisation, in "
              "C++, still bounds it)",
              harness=f"{MODELS} and ({DECODING})"),
+    one_line("sum-normalise-backward-drops-the-sums-term", MAPS,
+             "r = (g * out).sum(-1, keepdim=True, dtype=inverse.dtype).mul_(unclamped)",
+             "r = (g * out).sum(-1, keepdim=True, dtype=inverse.dtype).mul_(0)",
+             "Eq. 29's backward without the gradient through the sum it divides by (every backend takes the same "
+             "features: the fused form's own test against autograd's catches it)"),
 
     # -- modules/fast_weight_attention.py: attention normalisation --
     one_line("attention-normaliser-over-time", LAYER,
