@@ -31,6 +31,7 @@ silently from a GPU's): test float16 and float32 on the CPU, bfloat16 on a GPU.
 import ast
 import contextlib
 import os
+from unittest.mock import patch
 
 
 class TritonInterpreterUnavailable(RuntimeError):
@@ -98,21 +99,11 @@ def _first_config_only(run):
 def _squeezed_index(patch_lang_tensor):
     """The interpreter's tensor patch, with a one-element tensor used as an index (``range(NT)``) read
     through squeeze(): older Triton (3.6) calls int() on a one-dimensional array, which numpy 2 refuses."""
-    def patch(tensor, scope):
+    def squeezed(tensor, scope):
         patch_lang_tensor(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
-    return patch
-
-
-@contextlib.contextmanager
-def _patched(owner, name, value):
-    original = owner.__dict__[name]
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
+    return squeezed
 
 
 @contextlib.contextmanager
@@ -134,9 +125,9 @@ def triton_interpreter():
     rewritten.clear()  # kernels rewritten before (without the loop rewrite) are rewritten again
     fla.INTERPRETER_OPEN.append(True)  # fla's backend takes CPU tensors while it is open
     try:
-        with _patched(Autotuner, "run", _first_config_only(Autotuner.run)), \
-                _patched(FunctionRewriter, "ast_transformer", _loop_counters_as_tensors_transformer()), \
-                _patched(interpreter, "_patch_lang_tensor", _squeezed_index(interpreter._patch_lang_tensor)):
+        with patch.object(Autotuner, "run", _first_config_only(Autotuner.run)), \
+                patch.object(FunctionRewriter, "ast_transformer", _loop_counters_as_tensors_transformer()), \
+                patch.object(interpreter, "_patch_lang_tensor", _squeezed_index(interpreter._patch_lang_tensor)):
             yield
     finally:
         fla.INTERPRETER_OPEN.pop()

@@ -29,6 +29,7 @@ import dataclasses
 import os
 import re
 import sys
+from unittest.mock import patch
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: fla's kernels become Python functions
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,7 +165,7 @@ class Ledger:
             for compiled in ledger._into:
                 compiled.add(variant)
 
-        with _patched(Autotuner, "run", autotuned_run), _patched(InterpretedFunction, "run", launch):
+        with patch.object(Autotuner, "run", autotuned_run), patch.object(InterpretedFunction, "run", launch):
             yield self
 
     def kernels(self):
@@ -173,16 +174,6 @@ class Ledger:
         cold, warm = collections.Counter(v[0] for v in self.cold), collections.Counter(v[0] for v in self.warm)
         return sorted(((name, len(self.keys.get(name, ())), cold[name], warm[name]) for name in cold),
                       key=lambda row: (-row[2], row[0]))
-
-
-@contextlib.contextmanager
-def _patched(owner, name, value):
-    original = owner.__dict__[name]
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 # -- the calls that reach fla ---------------------------------------------------------------------------------
@@ -348,7 +339,7 @@ def _fairseq_in_this_process(run_elsewhere):
         arguments.tpu = False  # fairseq_fwp.compat keeps --bf16 off the TPU in fairseq-train
         cfg = train.convert_namespace_to_omegaconf(arguments)
         amp = lambda enabled=True, **kwargs: torch.autocast("cpu", dtype=torch.float16, enabled=enabled)  # noqa
-        with _patched(torch.cuda.amp, "autocast", amp):
+        with patch.object(torch.cuda.amp, "autocast", amp):
             train.main(cfg)
         return ""
 
@@ -365,7 +356,7 @@ def trainings(routing, updates):
     from examples.recipes import pipeline
 
     work = tempfile.mkdtemp(prefix="gpu_check_plan_")
-    with _patched(pipeline, "fairseq", _fairseq_in_this_process(pipeline.fairseq)):
+    with patch.object(pipeline, "fairseq", _fairseq_in_this_process(pipeline.fairseq)):
         models = gpu_check.training_models(work, updates)
         for name, precision in gpu_check.TRAININGS:
             routing.bfloat16_as = None if precision == "--bf16" else "float16"

@@ -121,6 +121,12 @@ def _accumulation_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def _gradient_along_output(g, out, dtype, unclamped):
+    """r = g . out per vector, in dtype: the part of a normalisation's gradient that keeps the output's
+    scale; 0 where the clamp held the normaliser at eps (a constant there)."""
+    return (g * out).sum(-1, keepdim=True, dtype=dtype).mul_(unclamped)
+
+
 class _SumNormalized(torch.autograd.Function):
     """Eq. 29, phi / sum_j phi_j (sums clamped to eps, as sum_normalize), of phi = x, or of phi = elu(x) + 1
     (through_elu: the linear map, Eq. 30, in the same passes: phi / S = (elu(x) + 1) / S with
@@ -151,7 +157,7 @@ class _SumNormalized(torch.autograd.Function):
     def backward(ctx, g):
         out, inverse, unclamped = ctx.saved_tensors
         with torch.autocast(g.device.type, enabled=False):
-            r = (g * out).sum(-1, keepdim=True, dtype=inverse.dtype).mul_(unclamped)
+            r = _gradient_along_output(g, out, inverse.dtype, unclamped)
             grad = torch.empty_like(g)
             if ctx.through_elu:
                 torch.sub(g, r, out=grad).mul_(torch.minimum(out, inverse.to(out.dtype)))
@@ -178,7 +184,7 @@ class _L2Normalized(torch.autograd.Function):
     def backward(ctx, g):
         out, n, unclamped = ctx.saved_tensors
         with torch.autocast(g.device.type, enabled=False):
-            r = (g * out).sum(-1, keepdim=True, dtype=n.dtype).mul_(unclamped)
+            r = _gradient_along_output(g, out, n.dtype, unclamped)
             grad = torch.addcmul(g, out, r, value=-1, out=torch.empty_like(g)).div_(n)
         return grad, None
 

@@ -282,8 +282,8 @@ MUTANTS = (
              "C++, still bounds it)",
              harness=f"{MODELS} and ({DECODING})"),
     one_line("sum-normalise-backward-drops-the-sums-term", MAPS,
-             "r = (g * out).sum(-1, keepdim=True, dtype=inverse.dtype).mul_(unclamped)",
-             "r = (g * out).sum(-1, keepdim=True, dtype=inverse.dtype).mul_(0)",
+             "r = _gradient_along_output(g, out, inverse.dtype, unclamped)",
+             "r = _gradient_along_output(g, out, inverse.dtype, unclamped).mul_(0)",
              "Eq. 29's backward without the gradient through the sum it divides by (every backend takes the same "
              "features: the fused form's own test against autograd's catches it)"),
 
