@@ -317,6 +317,38 @@ def assert_reads_eos_as_context(model, d, sample, prefix, tolerance=1e-9, scores
     return read
 
 
+def one_prompt(d, tokens):
+    """fairseq's LM generation input for one prompt `tokens` (1-D): (the sample, prefix_tokens)."""
+    src = torch.cat([tokens.new_tensor([d.eos()]), tokens]).unsqueeze(0)
+    return {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([src.size(1)])}}, tokens.unsqueeze(0)
+
+
+def session_turn(model, d, history, tokens, **options):
+    """A turn of the session `history` (session.History) with the input `tokens` (1-D): its generations."""
+    from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator
+
+    return generated(FastWeightSequenceGenerator, model, d, *one_prompt(d, tokens), history=history, **options)
+
+
+def assert_turns_equal_the_whole_history(model, d, history, turns, **options):
+    """Each turn against generating with the whole history (the kept hypotheses, then the input) as one prompt:
+    the turn's hypotheses are the whole history's, less the history's tokens and positional scores. In float64,
+    under softmax_in_the_models_dtype. Returns the tokens kept (every input and kept reply, each with its </s>)."""
+    from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator
+
+    kept = torch.zeros(0, dtype=torch.long)
+    for tokens in turns:
+        got = session_turn(model, d, history, tokens, **options)
+        want = generated(FastWeightSequenceGenerator, model, d, *one_prompt(d, torch.cat([kept, tokens])), **options)
+        for hypothesis in want[0]:
+            hypothesis["tokens"] = hypothesis["tokens"][len(kept):]
+            hypothesis["positional_scores"] = hypothesis["positional_scores"][len(kept):]
+        assert_same_hypotheses(got, want, what="the whole history as one prompt")
+        kept = torch.cat([kept, got[0][0]["tokens"]])
+        assert history.tokens_read == len(kept), "the session has not read every input and kept reply"
+    return kept
+
+
 # -- a web server for the downloads ----------------------------------------------------------
 
 

@@ -10,9 +10,9 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from helpers import ROOT, assert_same_hypotheses, build_lm_model, generated, softmax_in_the_models_dtype  # noqa: E402
+from helpers import (ROOT, assert_same_hypotheses, assert_turns_equal_the_whole_history, build_lm_model,  # noqa: E402
+                     session_turn, softmax_in_the_models_dtype)
 from test_generation import FAMILIES  # noqa: E402
-from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator  # noqa: E402
 from fairseq_fwp.session import History  # noqa: E402
 
 SEARCHES = {"greedy": dict(beam_size=1), "beam 3": dict(beam_size=3), "beam 3, lenpen 2": dict(beam_size=3,
@@ -26,36 +26,9 @@ def float64_scores():
         yield
 
 
-def one_prompt(d, tokens):
-    """fairseq's LM generation input for one prompt `tokens` (1-D): (the sample, prefix_tokens)."""
-    src = torch.cat([tokens.new_tensor([d.eos()]), tokens]).unsqueeze(0)
-    return {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([src.size(1)])}}, tokens.unsqueeze(0)
-
-
-def turn(model, d, history, tokens, **options):
-    sample, prefix = one_prompt(d, tokens)
-    return generated(FastWeightSequenceGenerator, model, d, sample, prefix, history=history, **options)
-
-
 def inputs(d, lengths=(5, 3, 4), seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(d.nspecial, len(d), (n,), generator=g) for n in lengths]
-
-
-def assert_turns_equal_the_whole_history(model, d, history, turns, **options):
-    """Each turn against generating with the whole history (the kept hypotheses, then the input) as one prompt:
-    the turn's hypotheses are the whole history's, less the history's tokens and positional scores."""
-    kept = torch.zeros(0, dtype=torch.long)
-    for tokens in turns:
-        got = turn(model, d, history, tokens, **options)
-        want = generated(FastWeightSequenceGenerator, model, d, *one_prompt(d, torch.cat([kept, tokens])), **options)
-        for hypothesis in want[0]:
-            hypothesis["tokens"] = hypothesis["tokens"][len(kept):]
-            hypothesis["positional_scores"] = hypothesis["positional_scores"][len(kept):]
-        assert_same_hypotheses(got, want, what="the whole history as one prompt")
-        kept = torch.cat([kept, got[0][0]["tokens"]])
-        assert history.tokens_read == len(kept)  # </s> first, then the hypotheses less their last </s>
-    return kept
 
 
 @pytest.mark.parametrize("search_name", SEARCHES)
@@ -65,6 +38,18 @@ def test_a_turn_generates_what_the_whole_history_as_one_prompt_generates(family,
     model.double()
     history = History([model], d)
     assert_turns_equal_the_whole_history(model, d, history, inputs(d), **SEARCHES[search_name], **LIMITS)
+
+
+@pytest.mark.parametrize("reply_tokens", [1, 2])
+def test_replies_of_one_token_and_more_are_read_into_the_state(reply_tokens):
+    """Replies as short as the limit allows (it forces </s> after them): each is read into the state before the
+    next turn, its one token included."""
+    model, d = build_lm_model("--fwp-update-rule", "delta", seed=1)
+    model.double()
+    turns = inputs(d)
+    kept = assert_turns_equal_the_whole_history(model, d, History([model], d), turns, beam_size=2, max_len_a=1,
+                                                max_len_b=reply_tokens - 1)  # the input and its bos count
+    assert len(kept) == sum(len(tokens) + reply_tokens + 1 for tokens in turns)  # inputs, replies, </s>
 
 
 def test_a_model_that_starts_from_bos_reads_the_replies_end_between_turns():
@@ -85,7 +70,7 @@ def test_sampling_in_a_session_scores_with_the_whole_history():
     model.double()
     history, kept = History([model], d), torch.zeros(0, dtype=torch.long)
     for tokens in inputs(d):
-        hypotheses = turn(model, d, history, tokens, seed=5, sampling=True, sampling_topk=4, beam_size=2, **LIMITS)[0]
+        hypotheses = session_turn(model, d, history, tokens, seed=5, sampling=True, sampling_topk=4, beam_size=2, **LIMITS)[0]
         for hypothesis in hypotheses:
             want = teacher_forced(model, d, torch.cat([kept, hypothesis["tokens"]]))[len(kept):]
             torch.testing.assert_close(hypothesis["positional_scores"], want, rtol=0, atol=1e-9)
@@ -98,19 +83,19 @@ def test_a_saved_session_continues_as_the_one_that_was_not_saved(tmp_path):
     first, second, third = inputs(d, seed=4)
     going_on = History([model], d)
     for tokens in (first, second):
-        turn(model, d, going_on, tokens, beam_size=3, **LIMITS)
+        session_turn(model, d, going_on, tokens, beam_size=3, **LIMITS)
     going_on.save(tmp_path / "session.pt")
     loaded = History([model], d)
     loaded.load(tmp_path / "session.pt")
     assert loaded.tokens_read == going_on.tokens_read
-    assert_same_hypotheses(turn(model, d, loaded, third, beam_size=3, **LIMITS),
-                           turn(model, d, going_on, third, beam_size=3, **LIMITS), what="the session never saved")
+    assert_same_hypotheses(session_turn(model, d, loaded, third, beam_size=3, **LIMITS),
+                           session_turn(model, d, going_on, third, beam_size=3, **LIMITS), what="the session never saved")
 
 
 def test_a_session_file_is_refused_by_another_model(tmp_path):
     model, d = build_lm_model(seed=3)
     history = History([model], d)
-    turn(model, d, history, inputs(d)[0], **LIMITS)
+    session_turn(model, d, history, inputs(d)[0], **LIMITS)
     history.save(tmp_path / "session.pt")
     other, _ = build_lm_model(seed=4)  # the same architecture, other parameters
     with pytest.raises(ValueError, match="session of another model"):
@@ -121,23 +106,23 @@ def test_a_positional_model_is_refused_a_turn_past_its_positions_before_any_work
     model, d = build_lm_model("--fwp-positions", "on", "--max-target-positions", "24", "--tokens-per-sample", "24",
                               seed=2)
     history = History([model], d)
-    turn(model, d, history, inputs(d, (6,))[0], max_len_a=1, max_len_b=4)
+    session_turn(model, d, history, inputs(d, (6,))[0], max_len_a=1, max_len_b=4)
     read, calls = history.tokens_read, []
     monkeypatch.setattr(type(model.decoder), "forward", lambda *args, **kwargs: calls.append(1))
     with pytest.raises(ValueError, match=rf"the session has read {read} tokens.*24 positions.*reset the session"):
-        turn(model, d, history, inputs(d, (8,))[0], max_len_a=1, max_len_b=10)
+        session_turn(model, d, history, inputs(d, (8,))[0], max_len_a=1, max_len_b=10)
     assert calls == [] and history.tokens_read == read
 
 
 def test_redrawn_features_are_refused_before_any_work():
     model, d = build_lm_model("--fwp-feature-map", "performer", "--fwp-update-rule", "sum", seed=2)
     history = History([model], d)
-    turn(model, d, history, inputs(d)[0], **LIMITS)
+    session_turn(model, d, history, inputs(d)[0], **LIMITS)
     for module in model.modules():
         if hasattr(module, "redraw"):
             module.redraw()
     with pytest.raises(ValueError, match="random features were redrawn"):
-        turn(model, d, history, inputs(d)[1], **LIMITS)
+        session_turn(model, d, history, inputs(d)[1], **LIMITS)
 
 
 def test_the_state_stays_the_same_size_and_a_hybrids_grows():
@@ -147,7 +132,7 @@ def test_the_state_stays_the_same_size_and_a_hybrids_grows():
         history = History([model], d)
         sizes[name] = []
         for tokens in inputs(d, (6, 6, 6)):
-            turn(model, d, history, tokens, **LIMITS)
+            session_turn(model, d, history, tokens, **LIMITS)
             sizes[name].append(history.state_bytes())
     assert sizes["fast weights"][0] == sizes["fast weights"][-1]
     assert sizes["hybrid"][0] < sizes["hybrid"][1] < sizes["hybrid"][2]

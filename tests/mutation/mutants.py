@@ -36,7 +36,7 @@ STATE, STREAMS = "fairseq_fwp/modules/state.py", "fairseq_fwp/modules/carried_st
 FUSED, GATES = "fairseq_fwp/modules/fused_step.py", "fairseq_fwp/modules/gates.py"
 MAPS = "fairseq_fwp/modules/feature_maps.py"
 LAYER = "fairseq_fwp/modules/fast_weight_attention.py"
-GENERATOR = "fairseq_fwp/sequence_generator.py"
+GENERATOR, SESSION = "fairseq_fwp/sequence_generator.py", "fairseq_fwp/session.py"
 RULES = "fairseq_fwp/ops/rules/"
 
 # -k selections of tests/properties (test ids: test_every_call_of_the_ops[<invariant>-<rule>],
@@ -348,6 +348,24 @@ MUTANTS = (
              "        if step > self.skipped:\n            self._restore_forced(tokens, step - 1)\n", "",
              "the stand-in the loop forces for a prompt's </s> is left in its tokens: hypotheses with padding in their "
              "prompts, and n-gram blocking or an LM fused in reading it", harness=GENERATION),
+
+    # -- session.py: a session's history --
+    one_line("session-leaves-a-one-token-reply-unread", SESSION,
+             "                if reply.numel():\n", "                if reply.numel() > 1:\n",
+             "a reply of one token is not read into the state before the next turn (a test's replies were longer)",
+             harness=f"{MODELS} and a_session"),
+    one_line("session-length-without-the-replys-eos", SESSION,
+             'self.length += hypothesis["tokens"].numel()', 'self.length += hypothesis["tokens"].numel() - 1',
+             "the history's length leaves out each reply's </s>: scores normalised by another length than the whole "
+             "history's", harness=f"{MODELS} and a_session"),
+    one_line("session-score-without-the-replys-eos", SESSION,
+             'self.score += float(hypothesis["positional_scores"].double().sum())',
+             'self.score += float(hypothesis["positional_scores"][:-1].double().sum())',
+             "the history's score leaves out the </s> that ended each reply", harness=f"{MODELS} and a_session"),
+    one_line("session-turn-starts-from-bos", SESSION,
+             "return bos if self.last is None else bos.new_full(bos.shape, self.last)", "return bos",
+             "a later turn starts from the loop's bos, not from the </s> that ended the reply before: the same "
+             "token but with --add-bos-token, which the harness does not draw (test_session.py's bos test)"),
 
     # -- ops/rules/: the rules' own steps and kernels --
     one_line("sum-rule-reads-before-its-write", RULES + "sum.py",

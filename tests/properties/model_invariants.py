@@ -36,8 +36,8 @@ from fairseq_fwp.modules import fast_weight_attention
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
 from fairseq_fwp.ops import BackendUnavailableError, memory
 from flag_combos import named_flags, refusal
-from helpers import (assert_generates_what_forcing_does, assert_reads_eos_as_context, build_lm_model,
-                     build_translation_model, prompts, random_tokens, softmax_in_the_models_dtype)
+from helpers import (assert_generates_what_forcing_does, assert_reads_eos_as_context, assert_turns_equal_the_whole_history,
+                     build_lm_model, build_translation_model, prompts, random_tokens, softmax_in_the_models_dtype)
 from nothing_to_check import NothingToCheck, require
 from rounding import rounded_again
 
@@ -266,6 +266,23 @@ def a_prompt_read_in_one_call_generates_what_forcing_does(combination, seed, sea
 
 
 @runs_here
+def a_session_generates_what_the_whole_history_does(combination, seed, beam, reply_budget):
+    """(LM only: test_model_properties.ONLY) Three turns of a session (session.History), inputs of 1 to 6 tokens,
+    replies of 1 to reply_budget + 1 tokens: each turn's hypotheses are those of generating with the whole history
+    (every input and kept reply before it, each reply with its </s>) as one prompt: tokens, positional scores and
+    scores, in float64."""
+    from fairseq_fwp.session import History
+
+    model, d = build(combination)
+    model.double()
+    g = torch.Generator().manual_seed(seed)
+    turns = [torch.randint(d.nspecial, len(d), (int(n),), generator=g) for n in torch.randint(1, 7, (3,), generator=g)]
+    with softmax_in_the_models_dtype():
+        assert_turns_equal_the_whole_history(model, d, History([model], d), turns, beam_size=beam, max_len_a=1,
+                                             max_len_b=reply_budget)
+
+
+@runs_here
 def two_carried_segments_equal_one_long_one(combination, seed, cut):
     for index, layer, x, full in causal_layers_on_one_input(combination, seed, 9):
         layer.enable_carry_over()
@@ -430,5 +447,6 @@ MODEL_INVARIANTS = (refused_naming_a_flag_or_built, training_gives_finite_gradie
                     the_fused_step_decodes_as_the_rules_own,
                     a_prompt_in_one_call_then_single_tokens_equals_the_full_forward,
                     a_prompt_read_in_one_call_generates_what_forcing_does,
+                    a_session_generates_what_the_whole_history_does,
                     two_carried_segments_equal_one_long_one, a_left_padded_source_computes_what_it_computes_alone,
                     the_backend_gives_the_references_outputs_and_gradients, a_checkpoint_reloads_and_decodes_the_same)
