@@ -37,6 +37,9 @@
    Replacement index 1 out of range`` (its message about an unknown model
    type fails to format). Loading a model now says which registration is
    missing and which --user-dir the checkpoint was trained with.
+9. --fwp-session (and --fwp-session-file) given to a task that takes none, fairseq-interactive's default
+   translation among them, was "unrecognized arguments": every task without them now refuses them naming
+   the tasks that take them.
 """
 import argparse
 import contextvars
@@ -262,6 +265,39 @@ def _patch_model_loading_to_name_missing_registrations():
     _replace(checkpoint_utils, "load_checkpoint_to_cpu", make_load)
 
 
+class _SessionTakesItsTask(argparse.Action):
+    """--fwp-session on a task that keeps no session: refused, naming the tasks that do."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from fairseq.tasks import TASK_REGISTRY
+
+        from .tasks.prompt_reading import PromptReading
+
+        tasks = [name for name, cls in TASK_REGISTRY.items() if issubclass(cls, PromptReading)]
+        parser.error(f"{option_string}: --task {getattr(namespace, 'task', None)} keeps no session; give one of the "
+                     f"tasks that do: --task {', '.join(tasks)} (fwp_language_modeling for a model trained with "
+                     "language_modeling)")
+
+
+def _patch_task_options_to_name_the_session_tasks():
+    from fairseq.tasks import FairseqTask
+
+    original = FairseqTask.__dict__["add_args"].__func__
+    if getattr(original, "_fwp_replaced", False):
+        return
+
+    @functools.wraps(original)
+    def add_args(cls, parser):
+        original(cls, parser)
+        for option, nargs in (("--fwp-session", 0), ("--fwp-session-file", 1)):
+            if option not in parser._option_string_actions:
+                parser.add_argument(option, nargs=nargs, action=_SessionTakesItsTask, default=argparse.SUPPRESS,
+                                    help=argparse.SUPPRESS)
+
+    add_args._fwp_replaced = True
+    FairseqTask.add_args = classmethod(add_args)
+
+
 def apply():
     _silence_hydra_deprecations()
     _patch_finetuning_to_compare_models()
@@ -271,3 +307,4 @@ def apply():
     _patch_checkpoint_saving()
     _patch_batch_by_size()
     _patch_bf16_without_tpu()
+    _patch_task_options_to_name_the_session_tasks()

@@ -34,6 +34,8 @@ from fairseq import search
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
 from .modules.transformer_layers import FastWeightTransformerDecoder
+from .ops.memory import is_identity
+from .session import SessionRefusal
 
 LOG_PROB_CHUNK = 256  # positions whose whole-vocabulary log-probabilities are held at once (an adaptive softmax's
 # 267K words: 270 MB in float32)
@@ -47,6 +49,7 @@ class PromptReadingEnsemble(EnsembleModel):
         super().__init__(models)
         self.prompts = self.served = self.skipped_scores = self.history = self.after_prompt = self.read = None
         self.skipped = 0
+        self.rows = None  # the loop's rows at its last step: a reorder that keeps each in place is skipped
 
     def reads_prompts(self):
         return not self.has_encoder() and all(
@@ -64,6 +67,7 @@ class PromptReadingEnsemble(EnsembleModel):
 
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
         step = tokens.size(1) - 1 + self.skipped  # the position in the whole sequence
+        self.rows = tokens.size(0)
         if self.prompts is not None:
             self._read(tokens, incremental_states, temperature)
         if self.served is None:
@@ -164,6 +168,9 @@ class PromptReadingEnsemble(EnsembleModel):
                                           sample=None if targets is None else {"target": targets})
 
     def reorder_incremental_state(self, incremental_states, new_order):
+        if self.rows is not None and is_identity(new_order, self.rows):
+            return  # greedy search, or a beam that kept every hypothesis in place: fairseq's walk of every
+            # module of every model would move nothing (the turn's whole cost, at batch 1, in a session)
         super().reorder_incremental_state(incremental_states, new_order)
         if self.served is not None:
             for key in ("lengths", "forced", "after", "prompts", "fed"):
@@ -183,35 +190,82 @@ class FastWeightSequenceGenerator(SequenceGenerator):
 
     def __init__(self, models, tgt_dict, **kwargs):
         super().__init__(PromptReadingEnsemble(models), tgt_dict, **kwargs)
-        self._skipped_prompts = self._history = None
+        self._skipped_prompts = self._history = self.reply_limit = None
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None, history=None):
         """fairseq's, and with `history` (a session's session.History) a turn of that session: its prompt read
         from the history's state, its hypotheses scored as the whole history's, and the best one kept."""
         src_tokens = sample["net_input"]["src_tokens"]
-        if history is not None:
-            history.check(self.model.models, src_tokens.size(0))
-            if prefix_tokens is None or not self.model.reads_prompts():
-                raise ValueError("a session's turn needs its input as prefix_tokens, and fast-weight decoders")
-        requested = (int(sample["net_input"]["src_lengths"].max()) if self.match_source_len
-                     else int(self.max_len_a * src_tokens.size(1) + self.max_len_b))
-        self._check_length(requested, 0 if history is None else history.tokens_read)
-        max_len = min(requested, self.max_len - 1)
-        prompts, lengths = self._prompts(prefix_tokens, max_len)
-        skipped = int(lengths.min()) if prompts is not None and self._can_skip(constraints) else 0
-        self.model.read_prompts(prompts, lengths, max_len + 2, skipped, history)
-        self._skipped_prompts = prompts[:, :skipped] if skipped else None
-        self._history = history
+        with self._turn(history, src_tokens, prefix_tokens, constraints):
+            requested = (int(sample["net_input"]["src_lengths"].max()) if self.match_source_len
+                         else int(self.max_len_a * src_tokens.size(1) + self.max_len_b))
+            self._check_length(requested, history)
+            max_len = min(requested, self.max_len - 1)
+            prompts, lengths = self._prompts(prefix_tokens, max_len)
+            skipped = int(lengths.min()) if prompts is not None and self._can_skip(constraints) else 0
+            self.model.read_prompts(prompts, lengths, max_len + 2, skipped, history)
+            self._skipped_prompts = prompts[:, :skipped] if skipped else None
+            self._history = history
+            try:
+                with self._starting_after(skipped):
+                    finalized = super()._generate(sample, None if prefix_tokens is None or prefix_tokens.size(1) <=
+                                                  skipped else prefix_tokens[:, skipped:], constraints, bos_token)
+                if history is not None:
+                    history.keep(self.model.read, self.model.after_prompt, prompts[0, :int(lengths[0])],
+                                 finalized[0][0])
+                return finalized
+            finally:
+                self.model.read_prompts(None, None, 0)
+                self._skipped_prompts = self._history = None
+
+    @contextlib.contextmanager
+    def _turn(self, history, src_tokens, prefix_tokens, constraints):
+        """A session's turn (`history` given): refused before any work where the session cannot continue with it
+        (session.SessionRefusal), and generated with the reply's own limits: the input read whole, at most
+        --max-len-a n + --max-len-b tokens after an input of n, and at least --min-len where that limit leaves
+        room (fairseq's limits, which count from the sequence's start, set so for the turn)."""
+        if history is None:
+            yield
+            return
+        history.check(self.model.models, src_tokens.size(0))
+        self.check_session_options(constraints)
+        if prefix_tokens is None or not self.model.reads_prompts():
+            raise SessionRefusal("a session's turn needs its input as prefix_tokens, and fast-weight decoders")
+        padding = prefix_tokens.eq(self.pad).nonzero()
+        if len(padding):
+            raise SessionRefusal(f"the input holds <pad> (index {self.pad}) at token {int(padding[0, 1]) + 1}: a "
+                                 "session reads every token of its input, and <pad> is padding, not text")
+        n = prefix_tokens.size(1)
+        kept = self.max_len_a, self.max_len_b, self.min_len
+        self.reply_limit = max(int(self.max_len_a * n + self.max_len_b), 0)
+        self.max_len_a, self.max_len_b = 0, n + self.reply_limit
+        self.min_len = n + min(self.min_len, self.reply_limit)
         try:
-            with self._starting_after(skipped):
-                finalized = super()._generate(sample, None if prefix_tokens is None or prefix_tokens.size(1) <= skipped
-                                              else prefix_tokens[:, skipped:], constraints, bos_token)
-            if history is not None:
-                history.keep(self.model.read, self.model.after_prompt, prompts[0, :int(lengths[0])], finalized[0][0])
-            return finalized
+            yield
         finally:
-            self.model.read_prompts(None, None, 0)
-            self._skipped_prompts = self._history = None
+            self.max_len_a, self.max_len_b, self.min_len = kept
+
+    def check_session_options(self, constraints=None):
+        """Refuses (session.SessionRefusal) the options that would see only a session's turn, where the whole
+        history as one prompt sees all of it: an LM fused in, n-gram blocking, searches other than beam search and
+        sampling, outputs as long as the sources."""
+        seen = [(self.lm_model is not None, "--lm-path (an LM fused in)", "reads only the turn's tokens"),
+                (self.repeat_ngram_blocker is not None, "--no-repeat-ngram-size", "blocks the turn's n-grams only"),
+                (isinstance(self.search, search.DiverseBeamSearch), "--diverse-beam-groups",
+                 "penalises the turn's steps only"),
+                (isinstance(self.search, search.DiverseSiblingsSearch), "--diversity-rate",
+                 "penalises the turn's steps only"),
+                (constraints is not None or isinstance(self.search, search.LexicallyConstrainedBeamSearch),
+                 "--constraints", "constrains the turn only"),
+                (isinstance(self.search, search.PrefixConstrainedBeamSearch), "prefix_allowed_tokens_fn",
+                 "sees the turn's tokens only"),
+                (self.match_source_len, "--match-source-len", "has no source in a session")]
+        for refused, option, why in seen:
+            if refused:
+                raise SessionRefusal(f"{option} in a session: it {why}, where the whole history as one prompt gives "
+                                     "it every token before; leave it out of a session")
+        if type(self.search) not in (search.BeamSearch, search.Sampling):
+            raise SessionRefusal(f"a session generates with beam search or sampling, not {type(self.search).__name__}")
 
     def _prompts(self, prefix_tokens, max_len):
         """(prompts, their lengths) where every model reads prompts and every row's prompt is a prefix of its
@@ -303,18 +357,24 @@ class FastWeightSequenceGenerator(SequenceGenerator):
         """What forcing scores the tokens with log-probabilities `log_probs`: less the unknown word's penalty."""
         return log_probs - self.unk_penalty * tokens.eq(self.unk).to(log_probs)
 
-    def _check_length(self, requested, read=0):
+    def _check_length(self, requested, history=None):
         """fairseq cuts a generation silently at the models' positions: a fast-weight model with positions that
-        do not restart is refused a longer one, naming its limit (a session's history, `read` tokens, counts)."""
+        do not restart is refused a longer one, naming its limit (a session's history counts)."""
         limit = self.model.max_decoder_positions()
-        if requested + read > limit - 1 and self.model.reads_prompts():
-            session = f"the session has read {read} tokens, and " if read else ""
+        read = 0 if history is None else history.tokens_read
+        if requested + read <= limit - 1 or not self.model.reads_prompts():
+            return
+        period = ("give its positions a period (--fwp-position-period, which fwp_stream_lm sets to its segments' "
+                  "length: finetune it there) so that it reads and generates past them with its fast weights carried")
+        if history is None:
             raise ValueError(
-                f"{session}--max-len-a {self.max_len_a} --max-len-b {self.max_len_b} ask for up to {requested} "
-                f"tokens, the prompt's included, and the model has {limit} positions: ask for at most "
-                f"{limit - 1 - read}{', or reset the session' if read else ''}, or give its positions a period "
-                "(--fwp-position-period, which fwp_stream_lm sets to its segments' length: finetune it there) so "
-                "that it reads and generates past them with its fast weights carried")
+                f"--max-len-a {self.max_len_a} --max-len-b {self.max_len_b} ask for up to {requested} tokens, the "
+                f"prompt's included, and the model has {limit} positions: ask for at most {limit - 1}, or {period}")
+        raise SessionRefusal(
+            f"the session has read {read} tokens, and this input's {requested - self.reply_limit} and a reply of up "
+            f"to {self.reply_limit} (--max-len-a, --max-len-b) would reach past the model's {limit} positions: "
+            f"{max(limit - 1 - read, 0)} are left; give a shorter input or a lower limit, reset the session, or "
+            f"{period}")
 
 
 class _SamplingAfter:

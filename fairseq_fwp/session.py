@@ -6,44 +6,39 @@ the best hypothesis of each turn, and reads only the next input from it, in one 
 (FastWeightSequenceGenerator.generate(..., history=...)). A turn generates what generating with the whole
 history as one prompt generates: every earlier input and kept reply in order, each reply followed by the </s>
 that ended it, then the new input (tests/test_session.py holds the tokens, positional scores and scores equal,
-in float64). Each turn's length limit (--max-len-a/b) counts that turn's input, not the history.
+in float64). A turn reads its whole input, always; --max-len-a/b bound its reply (at most a n + b tokens after an
+input of n) and --min-len is the reply's own minimum. Options that would see only the turn where the whole
+history as one prompt sees it all (an LM fused in, n-gram blocking, diverse and constrained searches) are refused,
+as is <pad> in an input: SessionRefusal, before any work, the session as it was.
 
 - ``History``: what the decoders have read, for one conversation: each model's incremental state (batch 1; the
   decoders count the columns read, and a turn's columns start after them), and the history's summed positional
   scores and length (a turn's hypothesis is scored as the whole history's); saved to a file and loaded again by
-  the same model only.
-- ``Session``: the hub's way, ``Session(TransformerLanguageModel.from_pretrained(...))`` then ``reply(text)``.
+  the same model only (session_file.py checks the file).
+- ``Session``: the hub's way, ``Session(TransformerLanguageModel.from_pretrained(...), beam=4)`` then
+  ``reply(text)``: generation options held for every turn, the hub's by default, overridable per turn.
 - The plugin's LM tasks take ``--fwp-session``: fairseq-interactive continues the session with every input line,
-  and an empty line starts a new one (tasks/prompt_reading.py).
+  an empty line starts a new one, and ``--fwp-session-file`` resumes and saves it (tasks/prompt_reading.py).
 """
 import copy
-import hashlib
+import difflib
 
 import torch
 from omegaconf import open_dict
 
+from . import session_file
 from .modules.feature_maps import FeatureMap
 from .modules.state import FastWeightState, buffer_tensors
 
-FORMAT = "fairseq-fwp session 1"
+
+class SessionRefusal(ValueError):
+    """A turn refused before any work: the session is as it was (fairseq-interactive reads the next line)."""
 
 
 def feature_draws(models):
     """Each random feature map's draw (FAVOR+), in module order: a state is only meaningful in the features it was
     written with."""
     return [[m.draw for m in model.modules() if isinstance(m, FeatureMap) and m.draw is not None] for model in models]
-
-
-def fingerprint(models):
-    """A digest of the models' classes, parameters and buffers: a saved session loads into these models only."""
-    digest = hashlib.sha256()
-    for model in models:
-        digest.update(type(model).__qualname__.encode())
-        for name, tensor in model.state_dict().items():
-            digest.update(name.encode())
-            digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
-            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _copied(incremental_state):
@@ -79,12 +74,12 @@ class History:
     def check(self, models, sentences):
         """Refuses, before any work, a turn this history cannot continue."""
         if [id(m) for m in models] != [id(m) for m in self.models]:
-            raise ValueError("this session was started with other models: start a new one for these")
+            raise SessionRefusal("this session was started with other models: start a new one for these")
         if sentences != 1:
-            raise ValueError(f"a session continues one conversation: give one input at a time, not {sentences}")
+            raise SessionRefusal(f"a session continues one conversation: give one input at a time, not {sentences}")
         draws = feature_draws(self.models)
         if draws != self.draws:
-            raise ValueError(f"the models' random features were redrawn (FAVOR+ draws {self.draws} -> {draws}) "
+            raise SessionRefusal(f"the models' random features were redrawn (FAVOR+ draws {self.draws} -> {draws}) "
                              "since the session read its history: its state cannot be read with them; reset it")
 
     def first(self, bos):
@@ -125,23 +120,39 @@ class History:
     # -- a file ------------------------------------------------------------------------------------
 
     def save(self, path):
-        """Writes the history to `path`, with the models' fingerprint (plain tensors: loads with weights_only)."""
-        torch.save({"format": FORMAT, "fingerprint": fingerprint(self.models), "draws": self.draws,
-                    "tokens_read": self.tokens_read, "score": self.score, "length": self.length, "last": self.last,
-                    "states": [self._saved(model, state) for model, state in zip(self.models, self.states)]}, path)
+        """Writes the history to `path` (session_file.write: whole or not at all), with the models' fingerprints."""
+        exact, architecture, dtypes = session_file.fingerprints(self.models)
+        session_file.write(path, {
+            "fingerprint": exact, "architecture": architecture, "dtypes": dtypes, "draws": self.draws,
+            "tokens_read": self.tokens_read, "score": self.score, "length": self.length, "last": self.last,
+            "states": [self._saved(model, state) for model, state in zip(self.models, self.states)]})
 
     def load(self, path):
-        """Reads a history that `save` wrote for these models; refuses one written for other models."""
-        saved = torch.load(path, map_location=self.device, weights_only=True)
-        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a session file ({FORMAT})")
-        if saved["fingerprint"] != fingerprint(self.models):
-            raise ValueError(f"{path} holds a session of another model (other parameters or architecture): it "
-                             "can only continue with the model that wrote it")
+        """Reads a history that `save` wrote for these models; refuses, naming what is wrong, a file that is not one,
+        a damaged or incomplete one, and one written by another model (session_file.SessionFileError)."""
+        saved = session_file.read(path, self.device, self.models)
+        states = saved["states"]
+        for index, (model, state) in enumerate(zip(self.models, states)):
+            kept = self._kept_keys(index) if saved["tokens_read"] else set()
+            if set(state) != kept:
+                missing, foreign = kept - set(state), set(state) - kept
+                raise session_file.SessionFileError(
+                    f"{path} is incomplete: " + (f"it holds no state for {_described(model, missing)}" if missing else
+                                                 f"it holds states that the model keeps none of: "
+                                                 f"{_described(model, foreign)}"))
         self.draws = saved["draws"]
         self.tokens_read, self.score, self.length, self.last = saved["tokens_read"], saved["score"], \
             saved["length"], saved["last"]
-        self.states = [self._loaded(model, state) for model, state in zip(self.models, saved["states"])]
+        self.states = [self._loaded(model, state) for model, state in zip(self.models, states)]
+
+    def _kept_keys(self, index):
+        """The entries of model `index`'s incremental state after it reads a token (module positions and names, as
+        saved): every layer that keeps a state, and the decoder's count of columns read."""
+        model, state = self.models[index], {}
+        bos = torch.full((1, 1), self.dictionary.eos(), dtype=torch.long, device=self.device)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model.decoder(bos, incremental_state=state, features_only=True)
+        return set(self._saved(model, state))
 
     @staticmethod
     def _ids(model):
@@ -168,12 +179,24 @@ class History:
         return state
 
 
+def _described(model, keys):
+    """Saved state keys ("3.fwp_state": module position and name) by module name."""
+    names = [name for name, module in model.named_modules() if hasattr(module, "_incremental_state_id")]
+    return ", ".join(f"{names[int(key.split('.', 1)[0])] or 'the model'} ({key.split('.', 1)[1]})"
+                     for key in sorted(keys))
+
+
 class Session:
     """A conversation with a fast-weight LM loaded through fairseq's hub (``from_pretrained``): each ``reply``
     reads only the new input, from the state the earlier inputs and replies left, and keeps the best hypothesis
-    (the first, as fairseq prints it)."""
+    (the first, as fairseq prints it).
 
-    def __init__(self, hub):
+    Generation options are fairseq's, as the hub's sample() takes them (beam, max_len_b, min_len, sampling, ...):
+    those given when the session starts hold for every turn (``options``, a dict, changes them later), and those
+    given to one ``reply`` hold for that turn only. Unset, they are the hub's: its generation config, and beam 1
+    as in sample()."""
+
+    def __init__(self, hub, **options):
         from .sequence_generator import PromptReadingEnsemble
 
         if not PromptReadingEnsemble(hub.models).reads_prompts():
@@ -181,22 +204,23 @@ class Session:
                              "state of fixed size to continue from")
         self.hub = hub
         self.history = History(hub.models, hub.task.source_dictionary)
+        self.options = {"beam": 1, **self._checked(options)}
 
-    def reply(self, text, beam=5, **options):
-        """The reply to `text` (fairseq's generation options as the hub's sample() takes them)."""
+    def reply(self, text, **options):
+        """The reply to `text`, with this turn's `options` over the session's."""
         tokens = self.hub.encode(text)[:-1]  # without its </s>: the prompt goes on
-        hypothesis = self.generate(tokens, beam=beam, **options)[0]
+        hypothesis = self.generate(tokens, **options)[0]
         return self.hub.decode(hypothesis["tokens"][tokens.numel():-1])
 
-    def generate(self, tokens, beam=5, **options):
+    def generate(self, tokens, **options):
         """This turn's hypotheses for the input `tokens` (1-D), each its tokens (the input, the reply, </s>),
-        positional scores and score (the whole history's, as when it is given as one prompt)."""
+        positional scores and score (the whole history's, as when it is given as one prompt); `options` for this
+        turn only."""
         from .sequence_generator import FastWeightSequenceGenerator
 
         generation = copy.deepcopy(self.hub.cfg.generation)
         with open_dict(generation):
-            generation.beam = beam
-            for name, value in options.items():
+            for name, value in self._checked({**self.options, **options}).items():
                 setattr(generation, name, value)
         task, dictionary = self.hub.task, self.hub.task.source_dictionary
         generator = task.build_generator(self.hub.models, generation, seq_gen_cls=FastWeightSequenceGenerator)
@@ -208,6 +232,16 @@ class Session:
         with torch.no_grad():
             return generator.generate(self.hub.models, sample, prefix_tokens=tokens.unsqueeze(0), bos_token=bos,
                                       history=self.history)[0]
+
+    def _checked(self, options):
+        """`options`, each a field of the hub's generation config (a misspelt one would be set and never read)."""
+        known = set(self.hub.cfg.generation)
+        for name in options:
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=3)
+                raise ValueError(f"{name!r} is not a generation option (fairseq's GenerationConfig"
+                                 + (f"; did you mean {', '.join(near)}?)" if near else ")"))
+        return dict(options)
 
     def reset(self):
         self.history.reset()

@@ -330,16 +330,19 @@ def session_turn(model, d, history, tokens, **options):
     return generated(FastWeightSequenceGenerator, model, d, *one_prompt(d, tokens), history=history, **options)
 
 
-def assert_turns_equal_the_whole_history(model, d, history, turns, **options):
-    """Each turn against generating with the whole history (the kept hypotheses, then the input) as one prompt:
-    the turn's hypotheses are the whole history's, less the history's tokens and positional scores. In float64,
-    under softmax_in_the_models_dtype. Returns the tokens kept (every input and kept reply, each with its </s>)."""
+def assert_turns_equal_the_whole_history(model, d, history, turns, kept=None, **options):
+    """Each turn against generating with the whole history (the kept hypotheses, then the input) as one prompt,
+    with the turn's limits counted from there (as_whole_history): the turn's hypotheses are the whole history's,
+    less the history's tokens and positional scores. In float64, under softmax_in_the_models_dtype. `kept`: the
+    tokens the history holds already (none). Returns the tokens kept (every input and kept reply, each with its
+    </s>)."""
     from fairseq_fwp.sequence_generator import FastWeightSequenceGenerator
 
-    kept = torch.zeros(0, dtype=torch.long)
+    kept = torch.zeros(0, dtype=torch.long) if kept is None else kept
     for tokens in turns:
         got = session_turn(model, d, history, tokens, **options)
-        want = generated(FastWeightSequenceGenerator, model, d, *one_prompt(d, torch.cat([kept, tokens])), **options)
+        want = generated(FastWeightSequenceGenerator, model, d, *one_prompt(d, torch.cat([kept, tokens])),
+                         **as_whole_history(options, len(kept), len(tokens)))
         for hypothesis in want[0]:
             hypothesis["tokens"] = hypothesis["tokens"][len(kept):]
             hypothesis["positional_scores"] = hypothesis["positional_scores"][len(kept):]
@@ -347,6 +350,15 @@ def assert_turns_equal_the_whole_history(model, d, history, turns, **options):
         kept = torch.cat([kept, got[0][0]["tokens"]])
         assert history.tokens_read == len(kept), "the session has not read every input and kept reply"
     return kept
+
+
+def as_whole_history(options, kept, n):
+    """A turn's generation `options` for the whole history as one prompt (`kept` tokens before an input of n): a
+    turn's limits are its reply's (at most max_len_a n + max_len_b tokens, at least min_len where that leaves room),
+    fairseq's count from the sequence's start."""
+    reply = max(int(options.get("max_len_a", 0) * n + options.get("max_len_b", 200)), 0)
+    return {**options, "max_len_a": 0, "max_len_b": kept + n + reply,
+            "min_len": kept + n + min(options.get("min_len", 1), reply)}
 
 
 # -- a web server for the downloads ----------------------------------------------------------

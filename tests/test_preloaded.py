@@ -7,7 +7,6 @@ import re
 import signal
 import struct
 import subprocess
-import sys
 
 import pytest
 
@@ -60,8 +59,12 @@ def tensorboard_scalars(folder):
 def test_train_and_generate_log_write_and_print_the_same_either_way(corpora, tmp_path, monkeypatch):
     """fairseq-train: each log line's level, logger and words, in order (it configures logging when imported),
     the checkpoints' names and the TensorBoard scalars (which it writes out at exit); fairseq-generate: the
-    hypotheses. As installed, each is a new process of its console script, in the fast lane too."""
-    logs, checkpoints, scalars, hypotheses = [], [], [], []
+    hypotheses; fairseq-interactive and fairseq-validate, which configure logging when
+    imported too: their log lines and outputs. As installed, each is a new process of its console script, in the
+    fast lane too."""
+    logs, checkpoints, scalars, hypotheses, interactive, validated = [], [], [], [], [], []
+    with open(f"{corpora['raw_mt']}/test.src") as test:
+        (tmp_path / "input.txt").write_text("".join(" ".join(line.split()[:5]) + "\n" for line in test.readlines()[:3]))
     for mode in ("0", "1"):
         monkeypatch.setenv("FAIRSEQ_FWP_PRELOAD", mode)
         run = tmp_path / mode
@@ -69,26 +72,38 @@ def test_train_and_generate_log_write_and_print_the_same_either_way(corpora, tmp
                                       max_update=2))
         checkpoints.append(sorted(os.listdir(run / "checkpoints")))
         scalars.append(tensorboard_scalars(run / "tensorboard"))
+        checkpoint = tmp_path / "0" / "checkpoints" / "checkpoint_last.pt"
         generated = commands.fairseq("generate", corpora["mt"], "--user-dir", commands.PLUGIN_DIR, "--path",
-                                     tmp_path / "0" / "checkpoints" / "checkpoint_last.pt", "--beam", 2,
-                                     "--max-len-b", 5)
+                                     checkpoint, "--beam", 2, "--max-len-b", 5)
         hypotheses.append([line for line in generated.splitlines() if line.startswith("H-")])
+        output = commands.fairseq("interactive", corpora["mt"], "--user-dir", commands.PLUGIN_DIR, "--path",
+                                  checkpoint, "--beam", 2, "--max-len-b", 5, "--source-lang", "src", "--target-lang",
+                                  "tgt", "--input", tmp_path / "input.txt")
+        interactive.append((comparable(output, tmp_path), [line for line in output.splitlines() if line[:2] in ("H-", "S-")]))
+        validated.append(comparable(commands.fairseq("validate", corpora["mt"], "--user-dir", commands.PLUGIN_DIR,
+                                                     "--path", checkpoint, "--task", "translation", "--batch-size", 8), tmp_path))
     lines = [comparable(log, tmp_path / mode) for log, mode in zip(logs, ("0", "1"))]
     assert len(lines[0]) > 10 and lines[0] == lines[1]
     assert any("loss=" in message for _, logger, message in lines[0] if logger == "train_inner")
     assert checkpoints[0] and checkpoints[0] == checkpoints[1]
     assert scalars[0] and scalars[0] == scalars[1]
     assert hypotheses[0] and hypotheses[0] == hypotheses[1]
+    assert len(interactive[0][1]) == 6 and interactive[0] == interactive[1]
+    assert any("valid on 'valid' subset" in message for _, _, message in validated[0]) and validated[0] == validated[1]
 
 
 # What differs between two runs of one command: how long things took, and where each run writes.
-TIMINGS = re.compile(r"\b(wps|ups|train_wall|wall|gb_free)([= ])[\d.]+|\b(took|in) [\d.]+ seconds")
+TIMINGS = re.compile(r"\b(wps|ups|train_wall|wall|gb_free|time:)([= ])[\d.]+|\b(took|in|time:) [\d.]+ seconds")
 
 
 def comparable(log, run_folder):
-    """Each log line's level, logger and message, its timings and its run's folder masked: the losses, sizes,
-    counts and every other number stay as logged."""
-    lines = re.findall(r"^\S+ \S+ \| (\w+) \| ([\w.]+) \| (.*)$", log, re.MULTILINE)
+    """Each log line's level, logger and message (in fairseq's format, or in Python's default one: where fairseq's
+    own imports configure logging first), its timings and its run's folder masked: the losses, sizes, counts and
+    every other number stay as logged."""
+    lines = re.findall(r"^(?:\S+ \S+ \| (\w+) \| ([\w.]+) \| |(DEBUG|INFO|WARNING|ERROR):([\w.]+):)(.*)$", log,
+                       re.MULTILINE)
+    lines = [(level or default_level, logger or default_logger, message)
+             for level, logger, default_level, default_logger, message in lines]
     mask = lambda m: f"{m.group(1)}{m.group(2)}*" if m.group(1) else f"{m.group(3)} * seconds"  # noqa: E731
     return [(level, logger, TIMINGS.sub(mask, message.replace(str(run_folder), "RUN")))
             for level, logger, message in lines]

@@ -34,11 +34,11 @@ import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# fairseq-interactive is not among them: no test holds a forked run of it to its console script's.
-COMMANDS = ("preprocess", "train", "generate", "eval_lm", "score")
+COMMANDS = ("preprocess", "train", "generate", "eval_lm", "score", "interactive", "validate")
 # The modules that configure logging first thing when imported (logging.basicConfig before their imports):
-# the child runs them again on an unconfigured root logger, as a new process would. The others find the root
-# logger as importing fairseq leaves it, in the server as in a new process.
+# the child runs them again on an unconfigured root logger, as a new process would. The others (whose
+# basicConfig comes after fairseq's import, and does nothing) find the root logger as importing fairseq leaves
+# it in a new process: some of fairseq's modules configure it when imported (DEBUG, on stderr).
 CONFIGURE_LOGGING = ("preprocess", "train", "eval_lm")
 # What a new process reads from its environment before the child can take its caller's: the interpreter
 # (PYTHON*), the thread pools of OpenMP, MKL and OpenBLAS (loaded with torch and numpy), fairseq when imported
@@ -114,7 +114,7 @@ def _status(connection):
     return int(reply) if reply else -signal.SIGKILL  # the child died without saying how (killed, crashed)
 
 
-def stand_ins(folder, commands=("preprocess", "train", "generate", "eval-lm")):
+def stand_ins(folder, commands=("preprocess", "train", "generate", "eval-lm", "interactive", "validate")):
     """Writes fairseq-<command> scripts into `folder` that run their command on this process's server
     (forward): a folder to put first on PATH, for commands run by other programs (bash). Returns the
     environment variables that go with it."""
@@ -153,6 +153,9 @@ def serve(path):
     import torch  # noqa: F401  (what every command imports first)
     import torch._dynamo  # noqa: F401  (what torch.optim imports when fairseq-train builds its optimizer: 2 s)
 
+    import fairseq  # noqa: F401  (on the unconfigured root logger, as a new process's first fairseq import)
+
+    after_fairseq = _root_logger()
     modules = {name: importlib.import_module(f"fairseq_cli.{name}") for name in COMMANDS}
     start_environment = _read_at_start(os.environ)
     caller = os.getppid()
@@ -169,13 +172,13 @@ def serve(path):
             continue
         if os.fork() == 0:
             listener.close()
-            _child(connection, modules, start_environment)
+            _child(connection, modules, start_environment, after_fairseq)
         connection.close()
     os.unlink(path)
     os.rmdir(os.path.dirname(path))
 
 
-def _child(connection, modules, start_environment):
+def _child(connection, modules, start_environment, after_fairseq):
     """Runs one command in this forked child, its output on the connection; never returns."""
     status = 1
     try:
@@ -183,7 +186,7 @@ def _child(connection, modules, start_environment):
         request = _take_request(connection)
         _follow_caller(connection)
         if _read_at_start(os.environ) == start_environment:
-            status = _run(modules, request["command"], request["argv"])
+            status = _run(modules, request["command"], request["argv"], after_fairseq)
         else:  # the server started under other values: the command as installed
             status = _call([_console_script(request["argv"][0]), *request["argv"][1:]])
     except BaseException as error:  # a Ctrl-C before the command's own code runs (forward) among them
@@ -251,13 +254,15 @@ def _console_script(name):
     return os.path.join(os.path.dirname(sys.executable), name)
 
 
-def _run(modules, command, argv):
+def _run(modules, command, argv, after_fairseq):
     """The command as its console script runs it, `sys.exit(cli_main())`, to the interpreter's exit; returns its
-    exit status."""
+    exit status. `after_fairseq`: the root logger as importing fairseq left it (_root_logger)."""
     _reseed()
     module = modules[command]
     if command in CONFIGURE_LOGGING:
         module = _imported_again(module)
+    else:
+        _set_root_logger(after_fairseq)
     sys.argv = argv
     sys.path[0] = os.path.dirname(_console_script(argv[0]))  # a console script's first path: its own folder
     try:
@@ -293,6 +298,20 @@ def _imported_again(module):
         logging.root.removeHandler(handler)
     logging.root.setLevel(logging.WARNING)
     return importlib.reload(module)
+
+
+def _root_logger():
+    """The root logger's level and handlers (what logging.basicConfig sets)."""
+    return logging.root.level, list(logging.root.handlers)
+
+
+def _set_root_logger(saved):
+    level, handlers = saved
+    for handler in logging.root.handlers[:]:
+        logging.root.removeHandler(handler)
+    for handler in handlers:
+        logging.root.addHandler(handler)
+    logging.root.setLevel(level)
 
 
 def _exit_status(stop):

@@ -68,8 +68,8 @@ def machine_rates(seconds=2.0):
 def timed_generation(generator_class, model, dictionary, prompt, new_tokens=NEW_TOKENS, **generate_options):
     """(the start of each of the generator's steps, the time generate() was called, the best hypothesis) of one
     greedy generate() that writes `new_tokens` after `prompt` ``[P]`` (the last, </s>, forced by the length limit);
-    generate_options go to generate() (a session's history)."""
-    length = len(prompt) + new_tokens
+    generate_options go to generate() (a session's history: whose limits count the reply alone)."""
+    length = new_tokens if "history" in generate_options else len(prompt) + new_tokens
     generator = generator_class([model], dictionary, beam_size=1, max_len_a=0, max_len_b=length, min_len=length)
     sample = {"net_input": {"src_tokens": torch.cat([prompt.new_tensor([dictionary.eos()]), prompt]).unsqueeze(0),
                             "src_lengths": torch.tensor([len(prompt) + 1])}}

@@ -118,7 +118,8 @@ class FastWeightTransformerDecoder(TransformerDecoderBase):
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x).transpose(0, 1)
         padding = ~keep if self.cross_self_attention or not keep.all() else None
-        mask = future_mask(before + length, new.size(1), x) if new.size(1) > 1 else None  # a hybrid's softmax layers
+        # the future mask of a hybrid's softmax layers, as wide as their caches (a fast-weight layer reads none)
+        mask = future_mask(before + length, new.size(1), x) if new.size(1) > 1 and self._softmax_layers() else None
         enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
         enc_padding = (encoder_out["encoder_padding_mask"][0]
                        if encoder_out is not None and encoder_out["encoder_padding_mask"] else None)
@@ -137,6 +138,10 @@ class FastWeightTransformerDecoder(TransformerDecoderBase):
         if incremental_state is not None:
             self._set_read(incremental_state, read, tokens.new_tensor([tokens.size(1)]), counts)
         return x, {"attn": [None], "inner_states": inner_states}
+
+    def _softmax_layers(self):
+        """Whether any layer's self-attention is softmax attention (a hybrid: --fwp-softmax-layers)."""
+        return any(not isinstance(layer.self_attn, FastWeightAttention) for layer in self.layers)
 
     def _set_read(self, incremental_state, read, length, counts):
         kept = {} if read is None or read.get("before") is None else {"before": read["before"]}

@@ -56,13 +56,12 @@ from fairseq.data.indexed_dataset import MMapIndexedDataset
 from fairseq.distributed import utils as distributed_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
-from fairseq.tasks.language_modeling import LanguageModelingTask
 from omegaconf import II
 
 from ..models.fwp_config import ON_OFF, writable
 from ..modules.fast_weight_attention import FastWeightAttention
 from ..modules.transformer_layers import FastWeightTransformerDecoder
-from .prompt_reading import PromptReading, session_option
+from .prompt_reading import PromptReading, session_file_option, session_option
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +86,7 @@ class StreamLanguageModelingConfig(FairseqDataclass):
                                          "default: --tokens-per-sample"})
     add_bos_token: bool = field(default=False, metadata={"help": "unused; read by the LM model config"})
     fwp_session: bool = session_option()
+    fwp_session_file: Optional[str] = session_file_option()
     batch_size: Optional[int] = II("dataset.batch_size")
     train_subset: str = II("dataset.train_subset")
     seed: int = II("common.seed")
@@ -174,8 +174,8 @@ class SegmentStarts:
 
 @register_task("fwp_stream_lm", dataclass=StreamLanguageModelingConfig)
 class StreamLanguageModelingTask(PromptReading, FairseqTask):
-    # Generation reads a prompt as language_modeling does (its functions, which read the options as args)
-    build_dataset_for_inference = LanguageModelingTask.build_dataset_for_inference
+    # Generation reads a prompt as language_modeling does (prompt_reading.py: its functions, which read the
+    # options as args)
 
     @property
     def args(self):
@@ -194,6 +194,7 @@ class StreamLanguageModelingTask(PromptReading, FairseqTask):
         return cls(cfg, dictionary)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        self.refuse_a_session_on_a_data_set()
         paths = utils.split_paths(self.cfg.data)
         self.datasets[split] = TokenStream(os.path.join(paths[(epoch - 1) % len(paths)], split), self.dictionary)
         logger.info(f"{split}: {len(self.datasets[split])} tokens")
@@ -270,6 +271,10 @@ class StreamLanguageModelingTask(PromptReading, FairseqTask):
 
     def get_batch_iterator(self, dataset, max_sentences=None, num_shards=1, shard_id=0, num_workers=0, epoch=1,
                            data_buffer_size=0, **kwargs):
+        if not isinstance(dataset, TokenStream):  # fairseq-interactive's lines (build_dataset_for_inference)
+            return super().get_batch_iterator(dataset, max_sentences=max_sentences, num_shards=num_shards,
+                                              shard_id=shard_id, num_workers=num_workers, epoch=epoch,
+                                              data_buffer_size=data_buffer_size, **kwargs)
         if not max_sentences:
             raise ValueError("fwp_stream_lm needs --batch-size (and --batch-size-valid, or eval-lm's --batch-size): "
                              "the number of parallel streams")

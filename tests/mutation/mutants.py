@@ -367,6 +367,19 @@ MUTANTS = (
              "a later turn starts from the loop's bos, not from the </s> that ended the reply before: the same "
              "token but with --add-bos-token, which the harness does not draw (test_session.py's bos test)"),
 
+    one_line("session-limit-counts-the-input", GENERATOR,
+             "self.max_len_a, self.max_len_b = 0, n + self.reply_limit",
+             "self.max_len_a, self.max_len_b = 0, self.reply_limit",
+             "a turn's length limit counts its input, as fairseq's counts the prompt: an input past it is cut, and "
+             "the cut input becomes the history", harness=f"{MODELS} and a_session"),
+    one_line("session-min-len-from-the-turns-start", GENERATOR,
+             "self.min_len = n + min(self.min_len, self.reply_limit)", "self.min_len = min(self.min_len, self.reply_limit)",
+             "--min-len counts from the turn's input, not the reply's start", harness=f"{MODELS} and a_session"),
+    one_line("session-takes-options-that-see-only-the-turn", GENERATOR,
+             "        self.check_session_options(constraints)\n", "",
+             "a turn takes an LM fused in, n-gram blocking, diverse and constrained searches, which see only its "
+             "tokens", harness=f"{MODELS} and a_session"),
+
     # -- ops/rules/: the rules' own steps and kernels --
     one_line("sum-rule-reads-before-its-write", RULES + "sum.py",
              "        return read + v * (k * q).sum(-1, keepdim=True)  # W_t q",

@@ -265,21 +265,49 @@ def a_prompt_read_in_one_call_generates_what_forcing_does(combination, seed, sea
               **options)
 
 
+# options that would see only a session's turn: a turn given one is refused before any work
+TURN_ONLY_OPTIONS = ("none", "an LM fused in", "n-gram blocking", "diverse beam", "diverse siblings", "constraints")
+
+
 @runs_here
-def a_session_generates_what_the_whole_history_does(combination, seed, beam, reply_budget):
-    """(LM only: test_model_properties.ONLY) Three turns of a session (session.History), inputs of 1 to 6 tokens,
-    replies of 1 to reply_budget + 1 tokens: each turn's hypotheses are those of generating with the whole history
-    (every input and kept reply before it, each reply with its </s>) as one prompt: tokens, positional scores and
-    scores, in float64."""
-    from fairseq_fwp.session import History
+def a_session_generates_what_the_whole_history_does(combination, seed, beam, reply_budget, min_reply=1,
+                                                    long_input=0, turn_only="none"):
+    """(LM only: test_model_properties.ONLY) Three turns of a session (session.History), inputs of 1 to 6 tokens
+    (with long_input, one of 20 to 30: past the reply's limit), replies of min_reply (--min-len) to reply_budget
+    + 1 tokens (--max-len-b: the reply's limit): each turn's hypotheses are those of generating with the whole
+    history (every input and kept reply before it, each reply with its </s>) as one prompt, its limits counted
+    from there: tokens, positional scores and scores, in float64. A turn given an option that would see only the
+    turn (turn_only) is refused before any work, and the session goes on as it was."""
+    from fairseq import search
+
+    from fairseq_fwp.session import History, SessionRefusal
+    from helpers import session_turn
 
     model, d = build(combination)
     model.double()
     g = torch.Generator().manual_seed(seed)
-    turns = [torch.randint(d.nspecial, len(d), (int(n),), generator=g) for n in torch.randint(1, 7, (3,), generator=g)]
+    lengths = torch.randint(1, 7, (3,), generator=g)
+    if long_input:
+        lengths[int(torch.randint(0, 3, (), generator=g))] = int(torch.randint(20, 31, (), generator=g))
+    turns = [torch.randint(d.nspecial, len(d), (int(n),), generator=g) for n in lengths]
+    history, options = History([model], d), dict(beam_size=beam, max_len_b=reply_budget, min_len=min_reply)
     with softmax_in_the_models_dtype():
-        assert_turns_equal_the_whole_history(model, d, History([model], d), turns, beam_size=beam, max_len_a=1,
-                                             max_len_b=reply_budget)
+        kept = assert_turns_equal_the_whole_history(model, d, history, turns[:1], **options)
+        if turn_only != "none":
+            refused = {"an LM fused in": dict(lm_model=model, lm_weight=0.5), "n-gram blocking": dict(
+                no_repeat_ngram_size=2), "diverse beam": dict(beam_size=2, diverse=(2, 0.5)), "diverse siblings": dict(
+                search_strategy=search.DiverseSiblingsSearch(d, 0.5)), "constraints": dict(
+                search_strategy=search.LexicallyConstrainedBeamSearch(d, "ordered"))}[turn_only]
+            read, states = history.tokens_read, history.states
+            try:
+                session_turn(model, d, history, turns[1], **{**options, **refused})
+            except SessionRefusal:
+                pass
+            else:
+                raise AssertionError(f"a turn with {turn_only} (which sees only the turn) was not refused")
+            assert history.tokens_read == read and history.states is states, f"the refused turn ({turn_only}) " \
+                                                                             "changed the session"
+        assert_turns_equal_the_whole_history(model, d, history, turns[1:], kept=kept, **options)
 
 
 @runs_here

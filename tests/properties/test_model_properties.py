@@ -25,8 +25,10 @@ EXTRA = {invariants.decoding_equals_the_full_forward: (st.sampled_from([None, 2,
          invariants.a_prompt_read_in_one_call_generates_what_forcing_does: (  # its search: a test's own (BY_SEARCH)
              st.sampled_from(invariants.SPECIALS), st.sampled_from(invariants.TEMPERATURES),
              st.integers(0, 1)),  # adaptive softmax: 1
-         invariants.a_session_generates_what_the_whole_history_does: (st.sampled_from([1, 3]),  # beam
-                                                                       st.integers(0, 4))}  # reply budget
+         invariants.a_session_generates_what_the_whole_history_does: (
+             st.sampled_from([1, 3]), st.integers(0, 4),  # beam, the reply's limit
+             st.integers(0, 3), st.integers(0, 1),  # --min-len, an input past the limit: 1
+             st.sampled_from(invariants.TURN_ONLY_OPTIONS))}
 # the architectures an invariant is about, where not both
 ONLY = {invariants.a_left_padded_source_computes_what_it_computes_alone: ("translation",),
         invariants.a_prompt_read_in_one_call_generates_what_forcing_does: ("lm",),
