@@ -1,5 +1,7 @@
 """The CPU's stand-in of CUDA (tests/cuda_stand_in.py), on which the GPU tests' own code runs in CI: what CUDA
 refuses across devices it refuses, what CUDA takes it takes, and every tensor says where it would be."""
+import contextlib
+
 import pytest
 import torch
 
@@ -73,3 +75,71 @@ def test_a_gpu_result_compared_with_a_cpu_one_fails(monkeypatch):
             relative_errors(got, outputs_and_grads("delta", inputs, "reference"))
         on_one_device = outputs_and_grads("delta", [x.detach().cuda().requires_grad_() for x in inputs], "reference")
         assert max(relative_errors(got, on_one_device).values()) < 1e-5
+
+
+# -- the GPU tests are as strong on the stand-in as the kernels they check need: each fails on an assertion where
+# -- the stand-in's kernels err as a faulty kernel would
+
+
+@contextlib.contextmanager
+def perturbed_kernels(monkeypatch, perturb):
+    """Inside cuda_stood_in_for: every output of the stand-in's kernels (fla's, and the csrc extension's CPU twin for
+    its CUDA kernels and the fused step) passed through perturb(tensor)."""
+    from fairseq_fwp.ops import cuda as kernels
+    from fairseq_fwp.ops.protocol import Kernel
+    from fairseq_fwp.ops.rules import UPDATE_RULES
+
+    def perturbed(results):
+        if isinstance(results, torch.Tensor):
+            return perturb(results) if results.is_floating_point() else results
+        return type(results)(perturbed(x) for x in results) if isinstance(results, (tuple, list)) else results
+
+    def wrapped(function):
+        return lambda *args: perturbed(function(*args))
+
+    for rule in UPDATE_RULES.values():
+        if "fla" in rule.kernels:
+            fla = rule.kernels["fla"]
+            monkeypatch.setitem(rule.kernels, "fla", Kernel(wrapped(fla.sequence), wrapped(fla.final_state),
+                                                            wrapped(fla.step_), fla.unfit_reason))
+    extension = kernels._extension
+
+    class Perturbed:
+        def __getattr__(self, name):
+            value = getattr(extension, name)
+            return wrapped(value) if callable(value) and name != "has_cuda_kernels" else value
+
+    monkeypatch.setattr(kernels, "_extension", Perturbed())
+    yield
+
+
+def fails_on_an_assertion(test, *args):
+    with pytest.raises(AssertionError):
+        test(*args)
+
+
+def test_the_decoding_test_fails_where_full_forward_and_steps_err_alike(monkeypatch):
+    import test_attention
+
+    with cuda_stood_in_for(monkeypatch), perturbed_kernels(monkeypatch, lambda t: t * (1 + 1e-3)):
+        fails_on_an_assertion(test_attention.test_gpu_decoding_equals_full_forward, "stand-in", "sum", torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_half_type_tests_fail_on_a_one_percent_error(monkeypatch, dtype):
+    import test_fla
+    import test_kernels
+
+    with cuda_stood_in_for(monkeypatch), perturbed_kernels(monkeypatch, lambda t: t * 1.01):
+        fails_on_an_assertion(test_fla.test_gpu_half_types_match_reference, "stand-in", "delta", dtype,
+                              test_fla.STAND_IN_SHAPES[0])
+        fails_on_an_assertion(test_kernels.test_gpu_kernels_half_types, "sum", dtype, "stand-in")
+
+
+def test_the_determinism_test_fails_on_a_kernel_that_is_not(monkeypatch):
+    import test_kernels
+
+    noise = torch.Generator().manual_seed(0)  # a new draw at every call
+    with cuda_stood_in_for(monkeypatch), perturbed_kernels(
+            monkeypatch, lambda t: t + 1e-6 * t.abs().max() * torch.randn(t.shape, generator=noise).to(t)):
+        fails_on_an_assertion(test_kernels.test_gpu_kernels_are_deterministic, "sum", "stand-in")

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -231,6 +232,46 @@ def test_flas_own_settings_leave_fla_to_itself(fake_gpu, monkeypatch, setting):
     tuner.cache.pop(key, None)
     monkeypatch.setenv(setting, "disabled" if setting == "FLA_CACHE_MODE" else "/somewhere")
     assert fla_configs.preload.__wrapped__() is None and key not in tuner.cache
+
+
+@pytest.mark.parametrize("damage", ["cut short", "not an object", "another format", "entries without configs"])
+def test_a_damaged_recorded_file_is_skipped_with_a_warning_and_fla_runs_on(fake_gpu, tmp_path, caplog, damage):
+    """A recorded file cut short, edited by hand or of another format is skipped, with a warning naming it: fla
+    autotunes what it would have started with, and --fwp-backend auto still chooses, on CUDA too."""
+    tuner, key, candidate = fake_gpu
+    folder = tmp_path / "configs" / "NVIDIA_Fake_GPU_9000"
+    target = folder / ("recorded.json" if damage in ("cut short", "not an object") else "chunk_fwd_kernel_o.json")
+    text = target.read_text()
+    target.write_text({"cut short": text[:len(text) // 2], "not an object": "[1, 2]",
+                       "another format": json.dumps({"kernel_name": "chunk_fwd_kernel_o", "autotune_entries": [1]}),
+                       "entries without configs": json.dumps({"kernel_name": "chunk_fwd_kernel_o",
+                                                              "autotune_entries": {"a": {"autotune_key": [1]}}})
+                       }[damage])
+    tuner.cache.pop(key, None)
+    with caplog.at_level("WARNING", logger="fairseq_fwp.backend"):
+        fla_configs.preload.__wrapped__()
+    assert key not in tuner.cache
+    assert any(f"{target} skipped" in record.getMessage() for record in caplog.records)
+
+
+def test_a_recording_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A run stopped while it writes (a full disk, a killed job) leaves each file as it was, never cut short."""
+    key = [12, 64, 64, False, "torch.bfloat16"]
+    autotune_result(tmp_path / "triton", "chunk_fwd_kernel_o", key, [((32, 4), 0.3), ((64, 8), 0.1)])
+    folder, _ = fla_configs.record(tmp_path / "triton", FAKE_GPU, (9, 0), VERSIONS, root=tmp_path)
+    before = {path.name: path.read_text() for path in folder.iterdir()}
+    autotune_result(tmp_path / "triton", "chunk_fwd_kernel_o", [13, *key[1:]], [((32, 4), 0.3)])
+    written = Path.write_text
+
+    def stopped(path, text, *args, **kwargs):
+        written(path, text[:10], *args, **kwargs)
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", stopped)
+    with pytest.raises(OSError, match="No space left"):
+        fla_configs.record(tmp_path / "triton", FAKE_GPU, (9, 0), VERSIONS, root=tmp_path)
+    monkeypatch.undo()
+    assert {path.name: path.read_text() for path in folder.iterdir()} == before
 
 
 # -- what the compile part replays (scripts/gpu_check_calls.py) ------------------------------------------------

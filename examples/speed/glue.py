@@ -4,6 +4,7 @@ backward pass.
 
     python examples/speed/glue.py                       # the table: fairseq-softmax, linear-delta, gated-deltanet
     python examples/speed/glue.py --ops linear-delta    # and every op of the row that writes, in order
+    python examples/speed/glue.py --precision cast      # the model cast to half (fairseq's --fp16, --bf16)
 
 Each row is the decoder self-attention of train_step.py's row (built by fairseq from the same flags, at the
 GPT-2-small layer shape: d 768, 12 heads of 64; --fwp-backend fla for the fwp rows) in training mode, run
@@ -20,9 +21,11 @@ scaled_dot_product_attention for fairseq's softmax (after autocast's casts of it
 each counted as one call. fla's own Python around its launches is listed apart ("fla's own": its fills and
 elementwise ops), except its copies and casts, which the layout and dtype it is given decide: those are glue.
 
-Autocast follows CUDA's policy, not the CPU's: a sum, a norm, a cumsum, exp, softplus and the layer norm
-compute in float32, the GEMMs in the autocast dtype (cuda_autocast_policy). float16 stands in for
-bfloat16 (the same sizes and the same policy): the interpreter computes bfloat16 chunk kernels wrongly,
+--precision amp (the default, fairseq's --amp): a float32 model under autocast, which follows CUDA's policy,
+not the CPU's: a sum, a norm, a cumsum, exp, softplus and the layer norm compute in float32, the GEMMs in the
+autocast dtype (cuda_autocast_policy). --precision cast (fairseq's --fp16 and --bf16, which cast the model and
+its inputs, no autocast): the layer and its input in the half type. float16 stands in for bfloat16 either way
+(the same sizes and, under autocast, the same policy): the interpreter computes bfloat16 chunk kernels wrongly,
 and fla.py refuses them on the CPU.
 """
 import argparse
@@ -287,14 +290,21 @@ def attention_of(row, length):
     return model.decoder.layers[0].self_attn, model.decoder
 
 
-def recorded_step(row, B, T, seed=0):
+PRECISIONS = ("amp", "cast")
+
+
+def recorded_step(row, B, T, seed=0, precision="amp"):
     """The ops of one forward and backward of the row's attention on a [T, B, C] input, and the bytes of
-    what its forward keeps for the backward pass (each storage once; the parameters aside)."""
+    what its forward keeps for the backward pass (each storage once; the parameters aside); precision: "amp", a
+    float32 layer under autocast, or "cast", the layer and its input in the half type."""
     from fairseq_fwp.testing import triton_interpreter
 
     attention, decoder = attention_of(row, T)
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, B, attention.embed_dim, generator=generator).requires_grad_()
+    x = torch.randn(T, B, attention.embed_dim, generator=generator)
+    if precision == "cast":
+        attention, x = attention.to(HALF), x.to(HALF)
+    x.requires_grad_()
     mask = decoder.buffered_future_mask(x) if row == "fairseq-softmax" else None
     log, saved = OpLog(), {}
 
@@ -304,7 +314,8 @@ def recorded_step(row, B, T, seed=0):
         return t
 
     with triton_interpreter(), kernels_scoped(log), cuda_autocast_policy():
-        with log, torch.autocast("cpu", dtype=HALF), torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        with log, torch.autocast("cpu", dtype=HALF, enabled=precision == "amp"), \
+                torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             out, _ = attention(query=x, key=x, value=x, key_padding_mask=None, incremental_state=None,
                                need_weights=False, attn_mask=mask)
         grad = torch.randn(out.shape, generator=generator).to(out.dtype)
@@ -316,10 +327,10 @@ def recorded_step(row, B, T, seed=0):
 
 # -- the table -----------------------------------------------------------------------------------------
 
-def fitted(row, shapes=SHAPES):
+def fitted(row, shapes=SHAPES, precision="amp"):
     """The row's ops (at the first shape) and, per op, its bytes fitted as a B T + b B + c + d T^2; the last
     coefficients are those of what the forward keeps for the backward pass."""
-    runs, kept = zip(*[recorded_step(row, B, T) for B, T in shapes])
+    runs, kept = zip(*[recorded_step(row, B, T, precision=precision) for B, T in shapes])
     names = [[(op.name, op.phase, op.scope) for op in ops] for ops in runs]
     if any(n != names[0] for n in names[1:]):
         raise AssertionError(f"{row}: the op sequence changed with the shape")
@@ -356,9 +367,10 @@ def summarize(ops, coefficients):
     return table
 
 
-def print_table(results):
-    print(f"# glue around each row's attention kernel, one layer (d 768, 12 heads of 64), forward + backward; "
-          f"bytes written per token, and MB at T = {LENGTH}, {TOKENS} tokens; {describe_machine()}")
+def print_table(results, precision):
+    print(f"# glue around each row's attention kernel, one layer (d 768, 12 heads of 64), forward + backward, "
+          f"--precision {precision}; bytes written per token, and MB at T = {LENGTH}, {TOKENS} tokens; "
+          f"{describe_machine()}")
     print("| row | phase | glue ops | glue bytes/token | glue MB | copies | casts | reductions | elementwise | "
           "fills | other | fla's own | GEMMs | kernel calls |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -400,15 +412,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(TABLE_ROWS))
     parser.add_argument("--ops", nargs="*", default=[], metavar="ROW", help="also list every op of these rows")
+    parser.add_argument("--precision", choices=PRECISIONS, default="amp",
+                        help="amp: a float32 layer under autocast (fairseq's --amp); cast: the layer and its input "
+                             "in the half type (fairseq's --fp16 and --bf16)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results, kept, listed = {}, {}, []
     for row in args.rows:
-        ops, coefficients, kept[row] = fitted(row)
+        ops, coefficients, kept[row] = fitted(row, precision=args.precision)
         results[row] = summarize(ops, coefficients)
         if row in args.ops:
             listed.append((row, ops, coefficients))
-    print_table(results)
+    print_table(results, args.precision)
     print("\n| row | kept for the backward pass: bytes/token | MB at the step |\n|---|---|---|")
     for row, coefficient in kept.items():
         print(f"| {row} | {coefficient[0]:,.0f} | {at_step(coefficient) / 1e6:,.1f} |")

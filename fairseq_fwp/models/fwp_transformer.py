@@ -21,6 +21,12 @@ class FastWeightTransformerModel(FastWeightModel, TransformerModel):
     def build_model(cls, args, task):
         return cls.finish(super().build_model(args, task))
 
+    # fairseq's SequenceGeneratorWithAlignment (--print-alignment, --replace-unk) reads a model's alignments from one
+    # teacher-forced forward of each hypothesis where this is set (forward_align), else from the attention each
+    # decoding step returned: fast-weight decoding steps return none, and that forward gives the layers' exact
+    # weights (source_attention.py)
+    full_context_alignment = True
+
     @property
     def supported_targets(self):
         """What a language-modelling task asks of its model: a translation model has none to give."""

@@ -14,7 +14,8 @@ Two modes:
 - non-causal (encoder self-attention, encoder-decoder attention): one memory
   W = sum_j v_j phi(k_j)^T (Eq. 15) over all unpadded source positions, read by
   every query; for encoder-decoder attention it is built once per source
-  sentence (not per beam) and cached as static state while decoding.
+  sentence (not per beam) and cached as static state while decoding
+  (source_attention.py).
 
 The layer composes small parts, each with a reference test of its own: the
 feature map and the normalisation of phi(q), phi(k) (feature_maps.py: the
@@ -23,9 +24,11 @@ q, k, v projections (short_convolution.py), the decay and the output gate
 (gates.py), and the state carried across segments (carried_streams.py).
 
 Padded key positions never write to a memory (nor decay it). Attention
-weights are never materialised: the second return value is always None (so
-``fairseq-generate --print-alignment`` is not supported), and the attention
-dropout of softmax attention has no weights to act on.
+weights are never formed to compute the output, and the attention dropout of
+softmax attention has no weights to act on; the output is linear in the values
+all the same (y_i = sum_j a_ij v_j), and the exact a_ij are computed where they
+are asked for (``forward``'s need_weights, in eval mode: fairseq-generate
+--print-alignment).
 """
 import math
 from typing import Dict, Optional
@@ -37,7 +40,6 @@ from torch import Tensor
 
 from ..ops import BackendUnavailableError, fast_weight, fast_weight_step_
 from ..ops.fast_weight import accumulation_dtype
-from ..ops.memory import factored_length_limit
 from .attention_options import AttentionOptions
 from .backend_log import BackendLog
 from .carried_streams import CarriedStreams
@@ -45,8 +47,10 @@ from .feature_maps import build_feature_map
 from .fused_step import fused_step_for
 from .gates import DecayGate, OutputGate
 from .layouts import project, project_all, to_batch_first
+from .normaliser import divided_by_normalizer
 from .short_convolution import ShortConvolution
-from .state import FastWeightState, rows_per_source
+from .source_attention import attend_to_sources
+from .state import FastWeightState
 
 
 @with_incremental_state
@@ -125,23 +129,46 @@ class FastWeightAttention(nn.Module):
         value: Optional[Tensor],
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
+        need_weights: bool = False,
         static_kv: bool = False,
         attn_mask: Optional[Tensor] = None,
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ):
-        """query, key, value: Time x Batch x Channel. Returns (out, None).
+        """query, key, value: Time x Batch x Channel. Returns (out, the attention weights or None).
 
-        In causal mode the future mask ``attn_mask`` is implied and ignored; in
-        non-causal mode ``value`` must be ``key`` (as in every fairseq layer).
+        In causal mode the future mask ``attn_mask`` is implied and ignored; in non-causal mode ``value`` must be
+        ``key`` (as in every fairseq layer). The attention weights, where asked (need_weights, in eval mode: never
+        while training): out_i = sum_j a_ij v_j exactly, v_j the values (``values``) before the output gate and
+        projection; ``[H, B, T, S]`` with need_head_weights, else their mean over the heads ``[B, T, S]``, as
+        fairseq's MultiheadAttention gives them (source_attention.py; a causal layer's: _dual_form_weights).
+        need_weights defaults to False (MultiheadAttention's to True, which fairseq's layers always override):
+        weights cost O(T S) here, and are computed only where asked.
         """
+        weights_wanted = (need_weights or need_head_weights) and not self.training
         try:
             if self.causal:
-                return self._causal(query, key_padding_mask, incremental_state), None
-            return self._non_causal(query, key, key_padding_mask, incremental_state, static_kv), None
+                out, weights = self._causal(query, key_padding_mask, incremental_state, weights_wanted)
+            else:
+                out, weights = attend_to_sources(self, query, key, key_padding_mask, incremental_state, static_kv,
+                                                 weights_wanted)
         except BackendUnavailableError as err:  # a backend that cannot run here: the flag that named it
             raise BackendUnavailableError(f"--fwp-backend {self.options.backend}: {err}") from None
+        if weights is None:
+            return out, None
+        weights = weights.transpose(0, 1)  # [H, B, T, S]
+        return out, weights if need_head_weights else weights.mean(0)
+
+    def values(self, value, key_padding_mask=None):
+        """The values ``[B, H, S, Dv]`` that the attention weights weigh (a DeltaProduct layer's: each write's,
+        ``[B, H, S, N, Dv]``): the heads of the value projection of ``value`` ``[S, B, C]``, through a causal
+        layer's short convolution where it has one (from an empty cache, padded positions zero)."""
+        v = self.v_proj(value)
+        if self.causal and self.convolutions is not None:
+            keep = None if key_padding_mask is None else ~key_padding_mask
+            v = self.convolutions["v"](v if keep is None else v * keep.t().unsqueeze(-1).to(v.dtype), None,
+                                       None if keep is None else keep.t())[0]
+        return self._heads(v)
 
     # -- helpers ---------------------------------------------------------------
 
@@ -190,17 +217,23 @@ class FastWeightAttention(nn.Module):
     # attention normalisation, the op that programs and reads the memory, and the output; each a step
     # of its own below.
 
-    def _causal(self, x, key_padding_mask, incremental_state):
+    def _causal(self, x, key_padding_mask, incremental_state, weights_wanted=False):
+        """(the output, the attention weights ``[B, H, T, S]`` where wanted, else None)."""
+        if weights_wanted and (incremental_state is not None or self.streams is not None):
+            raise ValueError("a causal fast-weight layer's attention weights are those of a whole sequence read from "
+                             "an empty memory (the dual form), not those of a decoding step or of a carried segment, "
+                             "whose memory holds what came before")
         state = self._starting_state(x, incremental_state)
         keep = None if key_padding_mask is None else ~key_padding_mask  # [B, T]: positions that write
         one_step = incremental_state is not None and x.shape[0] == 1 and not torch.is_grad_enabled()
         if one_step and self.fused_step is not None and self.fused_step.runs(x, keep):
-            return self._fused_causal_step(x, state, incremental_state)
+            return self._fused_causal_step(x, state, incremental_state), None
         x = to_batch_first(x)  # layouts.py: fla's layout from here to the output projection, which reads it
         projected, logits = self._projections(x, keep, state)
         q, k, v = self._causal_features(projected, keep)
         beta, log_decay = self._gates(x, keep, logits)
         z, k, beta = self._attention_normalization(k, beta, state, one_step)
+        weights = self._dual_form_weights(q, k, v, beta, log_decay, z) if weights_wanted else None
         out = self._program(q, k, v, beta, log_decay, state, one_step)
         if z is not None:  # Eq. 19 / Eq. 28
             out = self._normalize_output(out, q, z.to(out.dtype))
@@ -209,7 +242,7 @@ class FastWeightAttention(nn.Module):
             self._set_input_buffer(incremental_state, state)
         elif self.streams is not None:
             self.streams.end(self.training, state)
-        return self._finish(out, x)
+        return self._finish(out, x), weights
 
     def _starting_state(self, x, incremental_state):
         """Decoding: the incremental state (advanced in place); carry-over: the stream's; else empty."""
@@ -314,6 +347,17 @@ class FastWeightAttention(nn.Module):
         state.memory.hold_(W)
         return out
 
+    def _dual_form_weights(self, q, k, v, beta, log_decay, z):
+        """A ``[B, H, T, S]`` with out = A V (S = T writes, T N for DeltaProduct): the rule's output is linear in
+        the values it writes (the dual form), so running it on one-hot values gives each write's weight in each
+        output, divided by the normaliser as the output is (Eqs. 19, 28)."""
+        shape = v.shape[2:-1]  # the writes: [T] or [T, N]
+        writes = shape.numel()
+        one_hot = torch.eye(writes, dtype=v.dtype, device=v.device).view(1, 1, *shape, writes)
+        weights = self._program(q, k, one_hot.expand(*v.shape[:-1], writes), beta, log_decay, FastWeightState(),
+                                one_step=False)
+        return weights if z is None else self._normalize_output(weights, q, z.to(weights.dtype))
+
     def _delta_attention_normalization(self, k, beta, k_acc, z_prev):
         """Eqs. 26-28: normalise the retrieval vbar_t by d_t = z_{t-1} . phi(k_t).
 
@@ -360,42 +404,6 @@ class FastWeightAttention(nn.Module):
                 del state_dict[key]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    # -- non-causal ------------------------------------------------------------
-
-    def _non_causal(self, query, key, key_padding_mask, incremental_state, static_kv):
-        cached = incremental_state is not None and static_kv
-        state = self._get_input_buffer(incremental_state) if cached else FastWeightState()
-        if cached and not state.memory.is_empty and query.shape[0] == 1 and self.fused_step is not None \
-                and self.fused_step.runs(query, None):  # a decoding step's read, in one call (fused_step.py)
-            out = self.fused_step.read(self._step_heads(self.q_proj(query)), state)
-            return self._finish_step(out, query)
-        q = self._phi(self.q_proj(query))
-        if state.memory.is_empty:
-            # Beam search repeats each source once per beam: one memory per source serves its rows.
-            g = rows_per_source(key, key_padding_mask) if cached else 1
-            mask = None if key_padding_mask is None else key_padding_mask[::g]
-            self._source_memory(key[:, ::g], mask, state, factored=cached)
-            state.rows_per_memory = g
-            if cached:
-                self._set_input_buffer(incremental_state, state)
-        out, normalizer = state.read_sources(q, self.options.attention_normalization)
-        if normalizer is not None:  # Eq. 19
-            out = divided_by_normalizer(out, normalizer, self.options.eps)
-        return self._finish(out, query)
-
-    def _source_memory(self, key, key_padding_mask, state, factored):
-        """Eq. 15 over the unpadded source, W = sum_j v_j phi(k_j)^T and z = sum_j phi(k_j), into `state`:
-        while decoding (factored) a source shorter than factored_length_limit keeps phi(K) and V instead,
-        which every query then reads for less than W would cost."""
-        k, v = self._phi(self.k_proj(key)), self._heads(self.v_proj(key))
-        if key_padding_mask is not None:
-            k = k * (~key_padding_mask).unsqueeze(1).unsqueeze(-1).to(k.dtype)
-        state.key_sum = k.to(accumulation_dtype(k.dtype)).sum(2) if self.options.attention_normalization else None
-        if factored and k.shape[2] < factored_length_limit(k.shape[-1], v.shape[-1]):
-            state.memory.hold_factors_(k.contiguous(), v.contiguous())  # read at every step: laid out once
-        else:
-            state.memory.hold_(torch.einsum("bhte,bhtd->bhed", v, k))
-
     # -- incremental state (fairseq interface) -----------------------------------
 
     def _get_input_buffer(self, incremental_state):
@@ -418,14 +426,6 @@ class FastWeightAttention(nn.Module):
         return (f"causal={o.causal}, update_rule={o.update_rule}, qk_norm={o.qk_norm}, "
                 f"attention_normalization={o.attention_normalization}, output_scaling={o.output_scaling}, "
                 f"backend={o.backend}")
-
-
-def divided_by_normalizer(out, normalizer, eps):
-    """out / (normalizer + eps) (Eqs. 19, 28), and 0 where the normalizer z . phi(q) is 0: there phi(q) shares no
-    feature with any key written (the features are non-negative), so W phi(q) is 0 too, and so is every exact
-    gradient through it; dividing by eps alone would send 1 / eps times the output's gradient into the backward
-    passes, whose rounding then reaches the other positions."""
-    return torch.where(normalizer > 0, out / (normalizer + eps), 0.0)
 
 
 def _previous_sums(z, z0):

@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .layouts import fused
+
 QK_NORMS = ("sum", "l2", "none")
 FEATURE_MAPS = {}  # name -> FeatureMap subclass: the registry, in registration order
 
@@ -111,81 +113,112 @@ def normalized_features(phi, how, eps=1e-6):
     """normalize_features(phi, how) in one pass over phi forward, and two ("sum") or three ("l2") backward,
     each computed in float32 (float64 for float64) and written in phi's dtype and memory order: the ops read
     the features in their own dtype, so a float32 result (what autocast's float32 sum makes of a division)
-    would only be cast back. Only the output and the per-vector sums are kept for the backward pass."""
+    would only be cast back. Only the output and the per-vector sums are kept for the backward pass, which is
+    differentiable again. Outside the fused glue (layouts.fused()): normalize_features itself."""
+    if how == "none":
+        return phi
+    if not fused():
+        return normalize_features(phi, how)
     if how == "sum":
-        return _SumNormalized.apply(phi, False, eps)
-    return _L2Normalized.apply(phi, eps) if how == "l2" else phi
+        return _SumNormalized.apply(phi, False, eps)[0]
+    return _L2Normalized.apply(phi, eps)[0]
+
+
+def elu_plus_one(x):
+    """elu(x) + 1 (Eq. 30) as x + 1 where x > 0 and exp(x) elsewhere: the same function, computed without elu(x)
+    near -1 plus 1, which cancels where x is negative (at x = -8, float32 kept 4 of its digits, bfloat16 none),
+    as the fused decoding step computes it (csrc/fast_weight_step.h). Where autograd records it, exp(min(x, 0)):
+    no infinity for the gradient of the branch not taken to meet where x is large."""
+    exp = torch.exp(x.clamp(max=0)) if torch.is_grad_enabled() and x.requires_grad else torch.exp(x)
+    return torch.where(x > 0, x + 1, exp)
 
 
 def _accumulation_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _gradient_along_output(g, out, dtype, unclamped):
-    """r = g . out per vector, in dtype: the part of a normalisation's gradient that keeps the output's
-    scale; 0 where the clamp held the normaliser at eps (a constant there)."""
-    return (g * out).sum(-1, keepdim=True, dtype=dtype).mul_(unclamped)
-
-
 class _SumNormalized(torch.autograd.Function):
     """Eq. 29, phi / sum_j phi_j (sums clamped to eps, as sum_normalize), of phi = x, or of phi = elu(x) + 1
-    (through_elu: the linear map, Eq. 30, in the same passes: phi / S = (elu(x) + 1) / S with
-    S = D + sum_j elu(x_j)).
+    (through_elu: the linear map, Eq. 30, in the same passes; elu_plus_one, accurate where x is negative).
 
-    Backward: with r = g . out (g the output's gradient), d phi = (g - r) / S (r = 0 where the clamp holds S
-    at eps); through elu, times elu'(x) = min(phi, 1): d x = (g - r) min(out, 1 / S), from the output alone."""
+    Outputs: out = phi / S and 1 / S (the second kept for the backward pass, and an output so that the backward,
+    a function of the outputs, is differentiable again). Backward, with r = g . out and g_S the gradient of
+    1 / S: d phi = (g - r - g_S / S) / S (r and g_S's term 0 where the clamp holds S at eps); through elu,
+    times elu'(x) = min(phi, 1): d x = (g - r - g_S / S) min(out, 1 / S)."""
 
     @staticmethod
     def forward(ctx, x, through_elu, eps):
+        ctx.set_materialize_grads(False)
         with torch.autocast(x.device.type, enabled=False):
-            phi = F.elu(x) if through_elu else x  # without its + 1 through elu
+            phi = elu_plus_one(x) if through_elu else x
             total = phi.sum(-1, keepdim=True, dtype=_accumulation_dtype(x))
-            if through_elu:
-                total.add_(x.shape[-1])
             unclamped = total >= eps
             inverse = total.clamp_min_(eps).reciprocal_()
-            if through_elu:  # (elu(x) + 1) / S
-                out = torch.addcmul(inverse, phi, inverse, out=torch.empty_like(phi))
-            else:
-                out = torch.mul(phi, inverse, out=torch.empty_like(phi))
+            # through elu, phi is this function's own: divided in place
+            out = phi.mul_(inverse) if through_elu else torch.mul(phi, inverse, out=torch.empty_like(phi))
         ctx.through_elu = through_elu
         ctx.save_for_backward(out, inverse, unclamped)
-        return out
+        return out, inverse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
+    def backward(ctx, g, g_inverse):
         out, inverse, unclamped = ctx.saved_tensors
-        with torch.autocast(g.device.type, enabled=False):
-            r = _gradient_along_output(g, out, inverse.dtype, unclamped)
-            grad = torch.empty_like(g)
-            if ctx.through_elu:
-                torch.sub(g, r, out=grad).mul_(torch.minimum(out, inverse.to(out.dtype)))
-            else:  # (g - r) / S
-                torch.addcmul(r.mul_(inverse).neg_(), g, inverse, out=grad)
+        through_inverse = None if g_inverse is None else g_inverse.to(inverse.dtype) * inverse
+        with torch.autocast(out.device.type, enabled=False):
+            along = _along(g, out, unclamped, inverse.dtype, through_inverse)
+            if torch.is_grad_enabled():  # create_graph: the same, out of place, differentiable again
+                slope = torch.minimum(out.to(inverse.dtype), inverse) if ctx.through_elu else inverse
+                return ((-along if g is None else g - along) * slope).to(out.dtype), None, None
+            grad = torch.empty_like(out)
+            g = torch.zeros_like(out) if g is None else g
+            if ctx.through_elu:  # (g - r) min(out, 1 / S)
+                torch.sub(g, along, out=grad).mul_(torch.minimum(out, inverse.to(out.dtype)))
+            else:  # g / S - r / S
+                torch.addcmul(along.mul_(inverse).neg_(), g, inverse, out=grad)
         return grad, None, None
 
 
+def _along(g, out, unclamped, dtype, through_normaliser=None):
+    """r = g . out per vector, in dtype, plus the gradient that reaches the normaliser through its own output
+    (through_normaliser): the part of a normalisation's gradient along the output; 0 where the clamp held the
+    normaliser at eps (a constant there). g: None where no gradient came."""
+    along = (torch.zeros(unclamped.shape, dtype=dtype, device=out.device) if g is None
+             else (g * out).sum(-1, keepdim=True, dtype=dtype))
+    if through_normaliser is not None:
+        along = along + through_normaliser
+    return along * unclamped
+
+
 class _L2Normalized(torch.autograd.Function):
-    """phi / |phi|_2 (norms clamped to eps, as l2_normalize). Backward: d phi = (g - r out) / n, with
-    r = g . out and n the clamped norm (r = 0 where the clamp holds n at eps)."""
+    """phi / |phi|_2 (norms clamped to eps, as l2_normalize). Outputs: out and the clamped norm n (an output, so
+    that the backward, a function of the outputs, is differentiable again). Backward: d phi = (g - r out) / n +
+    g_n out, with r = g . out (r and g_n's term 0 where the clamp holds n at eps)."""
 
     @staticmethod
     def forward(ctx, phi, eps):
+        ctx.set_materialize_grads(False)
         with torch.autocast(phi.device.type, enabled=False):
             norm = torch.linalg.vector_norm(phi, dim=-1, keepdim=True, dtype=_accumulation_dtype(phi))
             n = norm.clamp_min(eps)
             out = torch.div(phi, n, out=torch.empty_like(phi))
         ctx.save_for_backward(out, n, norm >= eps)
-        return out
+        return out, n
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
+    def backward(ctx, g, g_n):
         out, n, unclamped = ctx.saved_tensors
-        with torch.autocast(g.device.type, enabled=False):
-            r = _gradient_along_output(g, out, n.dtype, unclamped)
-            grad = torch.addcmul(g, out, r, value=-1, out=torch.empty_like(g)).div_(n)
+        with torch.autocast(out.device.type, enabled=False):
+            r = _along(g, out, unclamped, n.dtype)
+            through_n = None if g_n is None else g_n * unclamped  # d n / d phi = out
+            if torch.is_grad_enabled():  # create_graph: the same, out of place, differentiable again
+                grad = -r * out / n if g is None else (g - r * out) / n
+                return (grad if through_n is None else grad + through_n * out).to(out.dtype), None
+            if g is None:
+                grad = torch.mul(out, r, out=torch.empty_like(out)).neg_().div_(n)
+            else:
+                grad = torch.addcmul(g, out, r, value=-1, out=torch.empty_like(g)).div_(n)
+            if through_n is not None:
+                grad.addcmul_(out, through_n.to(out.dtype))
         return grad, None
 
 
@@ -258,11 +291,14 @@ class LinearFeatureMap(FeatureMap):
         self.out_dim = head_dim
 
     def forward(self, x):
-        return F.elu(x) + 1
+        return elu_plus_one(x)
 
     def normalized(self, x, how):
-        """Sum-normalised, the map and Eq. 29 together: two passes forward, four backward (_SumNormalized)."""
-        return _SumNormalized.apply(x, True, 1e-6) if how == "sum" else super().normalized(x, how)
+        """Sum-normalised, the map and Eq. 29 together (_SumNormalized), for this map itself: a subclass (its own
+        forward) and the unfused glue (layouts.fused()) take phi(x), then its normalisation."""
+        if how == "sum" and type(self) is LinearFeatureMap and fused():
+            return _SumNormalized.apply(x, True, 1e-6)[0]
+        return super().normalized(x, how)
 
 
 @register_feature_map("performer")

@@ -7,8 +7,49 @@ projection (``project``) and elementwise op after it keeps that order. Per-head 
 then fla's layout as they lie (fla.py's transposes are views; fla copies nothing), and the output
 projection reads fla's output in place. The one copy back to time-first memory is in the backward pass,
 where the output projection's GEMM reads the gradient fairseq gives.
+
+The fused glue (this layout, project_all's shared input, the feature maps' fused normalisations) computes what
+its composition computes: the modules called one by one on ``[T, B, C]``, each feature map's own forward, then
+normalize_features. That composition runs instead where the fused forms would hide something (``fused()``): a
+hook that could see a projection (its own, or a global module hook) sees its call, on fairseq's ``[T, B, C]``;
+forward-mode AD and torch.func's transforms, which the fused autograd Functions define no rules for; and inside
+``unfused()``, the reference the tests compare the layer with. The fused Functions are differentiable twice
+(a gradient penalty, meta-learning).
 """
+import contextlib
+import contextvars
+
 import torch
+from torch.nn.modules import module as torch_modules
+
+from ..ops.protocol import transformed
+
+_UNFUSED = contextvars.ContextVar("fairseq_fwp_unfused", default=False)
+
+
+@contextlib.contextmanager
+def unfused():
+    """Within it the layers run the composition of their parts, not the fused glue (the glue's reference)."""
+    token = _UNFUSED.set(True)
+    try:
+        yield
+    finally:
+        _UNFUSED.reset(token)
+
+
+def fused():
+    """Whether the fused glue may run: not inside unfused(), and no forward-mode AD or torch.func transform."""
+    return not (_UNFUSED.get() or transformed())
+
+
+def observed(module):
+    """Whether a hook could see a call of `module` (or of a module inside it): its own forward or backward hooks,
+    or a global module hook."""
+    if (torch_modules._global_forward_hooks or torch_modules._global_forward_pre_hooks
+            or torch_modules._global_backward_hooks or torch_modules._global_backward_pre_hooks):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in module.modules())
 
 
 def compute_dtype(x):
@@ -21,9 +62,10 @@ def compute_dtype(x):
 
 def to_batch_first(x):
     """x ``[T, B, C]`` in batch-first memory and in compute_dtype(x), in one pass (autocast would cast it once
-    per projection); its gradient comes back time-first and contiguous, as fairseq's layer norm reads it."""
+    per projection); its gradient comes back time-first and contiguous, as fairseq's layer norm reads it. As it
+    is where the fused glue does not run (fused())."""
     dtype = compute_dtype(x)
-    if x.dtype == dtype and x.transpose(0, 1).is_contiguous():
+    if not fused() or (x.dtype == dtype and x.transpose(0, 1).is_contiguous()):
         return x
     return _ToBatchFirst.apply(x, dtype)
 
@@ -32,17 +74,19 @@ class _ToBatchFirst(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dtype):
         ctx.dtype = x.dtype
-        return x.transpose(0, 1).to(dtype, memory_format=torch.contiguous_format).transpose(0, 1)
+        T, B, C = x.shape
+        return torch.empty((B, T, C), dtype=dtype, device=x.device).copy_(x.transpose(0, 1)).transpose(0, 1)
 
     @staticmethod
-    def backward(ctx, grad):
-        return grad.to(ctx.dtype, memory_format=torch.contiguous_format), None
+    def backward(ctx, grad):  # a copy in the input's dtype: differentiable again
+        return torch.empty(grad.shape, dtype=ctx.dtype, device=grad.device).copy_(grad), None
 
 
 def project(linear, x):
     """linear(x) for x ``[T, B, C]`` in either memory order, in that order: the GEMM reads x as it lies (a
-    time-first GEMM on batch-first memory would copy it first, and add the bias in a pass of its own)."""
-    if x.is_contiguous():
+    time-first GEMM on batch-first memory would copy it first, and add the bias in a pass of its own). A call
+    that a hook could see, or outside the fused glue, is linear(x) on fairseq's [T, B, C] as it is."""
+    if x.is_contiguous() or not fused() or observed(linear):
         return linear(x)
     return linear(x.transpose(0, 1)).transpose(0, 1)
 
@@ -51,9 +95,10 @@ def project_all(linears, x):
     """[project(linear, x) for linear in linears] for nn.Linear maps reading one input x ``[T, B, C]``, whose
     input gradients the backward pass sums inside the GEMMs (each accumulates into the sum so far) instead
     of in a pass per extra linear, as autograd would. Under autocast, computed as F.linear computes it.
-    Without gradients, or for a module that is not a plain nn.Linear (or has hooks), the linears one by one."""
-    if not torch.is_grad_enabled() or any(type(linear) is not torch.nn.Linear or linear._forward_hooks or
-                                          linear._forward_pre_hooks for linear in linears):
+    Without gradients, for a module that is not a plain nn.Linear, where a hook could see one, or outside the
+    fused glue: the linears one by one."""
+    if not torch.is_grad_enabled() or not fused() or any(type(linear) is not torch.nn.Linear or observed(linear)
+                                                         for linear in linears):
         return [project(linear, x) for linear in linears]
     parameters = [p for linear in linears for p in (linear.weight, linear.bias)]
     return list(_SharedInput.apply(x, *parameters))
@@ -81,15 +126,17 @@ class _SharedInput(torch.autograd.Function):
             weights = [w.to(dtype) for w in parameters[0::2]]
             outs = [torch.nn.functional.linear(rows, w, None if b is None else b.to(dtype))
                     for w, b in zip(weights, parameters[1::2])]
-        ctx.save_for_backward(rows, *weights)
-        ctx.layout, ctx.x_dtype = (batch_first, T, B), x.dtype
+        ctx.save_for_backward(rows, *weights, x, *parameters)
+        ctx.layout, ctx.x_dtype, ctx.compute_dtype = (batch_first, T, B), x.dtype, dtype
         ctx.dtypes = [None if p is None else p.dtype for p in parameters]
         return tuple(_unrows(y, *ctx.layout) for y in outs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        rows, *weights = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: through the composition, differentiable again
+            return _SharedInput._differentiable_backward(ctx, grads)
+        saved = ctx.saved_tensors
+        rows, weights = saved[0], saved[1:1 + len(grads)]
         needs = ctx.needs_input_grad
         batch_first = ctx.layout[0]
         grad_rows, grad_parameters = None, []
@@ -106,3 +153,20 @@ class _SharedInput(torch.autograd.Function):
                 grad_parameters.append(g.sum(0).to(ctx.dtypes[2 * i + 1]) if needs_bias else None)
         grad_x = None if grad_rows is None else _unrows(grad_rows, *ctx.layout).to(ctx.x_dtype)
         return (grad_x, *grad_parameters)
+
+    @staticmethod
+    def _differentiable_backward(ctx, grads):
+        """The gradients as autograd gives them through the linears' composition on the saved inputs."""
+        inputs = ctx.saved_tensors[1 + len(grads):]
+        dtype = ctx.compute_dtype
+        with torch.autocast(inputs[0].device.type, enabled=False):
+            outs = [torch.nn.functional.linear(inputs[0].to(dtype), w.to(dtype), None if b is None else b.to(dtype))
+                    for w, b in zip(inputs[1::2], inputs[2::2])]
+        wanted = [i for i, (t, needed) in enumerate(zip(inputs, ctx.needs_input_grad)) if needed and t is not None]
+        given = [(y, g) for y, g in zip(outs, grads) if g is not None]
+        found = torch.autograd.grad([y for y, _ in given], [inputs[i] for i in wanted], [g for _, g in given],
+                                    create_graph=True, allow_unused=True)
+        result = [None] * len(inputs)
+        for i, gradient in zip(wanted, found):
+            result[i] = gradient
+        return tuple(result)

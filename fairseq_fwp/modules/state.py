@@ -121,13 +121,26 @@ class FastWeightState:
         """W q for query rows q ``[rows, H, T, D]`` that share their source's memory (sources, rows =
         sources * rows_per_memory), and with_normalizer z . q (else None). Returns ([rows, H, T, Dv],
         [rows, H, T, 1] or None)."""
+        if not with_normalizer:
+            return self._per_source(q, self.memory.read)[0], None
+        return tuple(self._per_source(q, self.memory.read, lambda x: x @ self.key_sum.unsqueeze(-1).to(q.dtype)))
+
+    def source_weights(self, q):
+        """q . phi(k_j) for query rows q ``[rows, H, T, D]`` and each source position j, ``[rows, H, T, S]``: the
+        memory's factors, phi(K) (zero at padding), which it holds while weights are asked for."""
+        _, keys, _ = self.memory.held()
+        if keys is None:
+            raise ValueError("attention weights need the source's keys, and this memory holds W alone: ask for "
+                             "weights from the step that builds it (the first), which keeps them")
+        return self._per_source(q, lambda x: x @ keys.transpose(-1, -2).to(q.dtype))[0]
+
+    def _per_source(self, q, *reads):
+        """[read(x) for read in reads] of each source's query rows together (a memory is read once for its rows),
+        rows first again."""
         n, (rows, H, T, D) = self.memory.rows, q.shape
         g = rows // n
-        grouped = q.view(n, g, H, T, D).transpose(1, 2).reshape(n, H, g * T, D)  # a memory is read once for its rows
-        out = self.memory.read(grouped)
-        normalizer = grouped @ self.key_sum.unsqueeze(-1).to(q.dtype) if with_normalizer else None
-        rows_first = lambda x: x.view(n, H, g, T, -1).transpose(1, 2).reshape(rows, H, T, -1)  # noqa: E731
-        return rows_first(out), None if normalizer is None else rows_first(normalizer)
+        grouped = q.view(n, g, H, T, D).transpose(1, 2).reshape(n, H, g * T, D)
+        return [read(grouped).view(n, H, g, T, -1).transpose(1, 2).reshape(rows, H, T, -1) for read in reads]
 
 
 def buffer_tensors(buffer):

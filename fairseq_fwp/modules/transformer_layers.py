@@ -32,6 +32,9 @@ class FastWeightDecoderLayer(TransformerDecoderLayerBase):
     def __init__(self, cfg, plan, index, no_encoder_attn=False):
         self.plan, self.index = plan, index
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+        # encoder-decoder attention weights only where the decoder asks (its alignment layer): fairseq's layer
+        # asks every layer, at every step, in eval mode, which fast-weight attention would compute for nothing
+        self.need_attn = False
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         options = self.plan.options_for("decoder-self", self.index)

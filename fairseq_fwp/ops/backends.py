@@ -19,7 +19,7 @@ import torch
 
 from . import chunked, cuda, fla, reference
 from .errors import BackendUnavailableError
-from .protocol import Backend, Kernel
+from .protocol import Backend, Kernel, transformed
 
 
 REGISTRY = {module.BACKEND.name: module.BACKEND for module in (reference, chunked, cuda, fla)}
@@ -44,6 +44,7 @@ class Call:
     T: int  # 1 for a decoding step
     needs_grad: bool
     step: bool = False  # a decoding step (q [B, H, D]), not a sequence
+    transformed: bool = False  # under forward-mode AD or a torch.func transform (protocol.transformed)
 
     @property
     def accumulation_dtype(self):
@@ -54,7 +55,8 @@ class Call:
     def of(cls, rule, q, v, dtype, needs_grad):
         """The call of `rule` for q ``[B, H, T, D]`` (or ``[B, H, D]``: one step), values v of size Dv."""
         return cls(rule=rule, dtype=dtype, device=q.device, D=q.shape[-1], Dv=v.shape[-1],
-                   T=q.shape[2] if q.dim() == 4 else 1, needs_grad=needs_grad, step=q.dim() == 3)
+                   T=q.shape[2] if q.dim() == 4 else 1, needs_grad=needs_grad, step=q.dim() == 3,
+                   transformed=transformed())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +85,9 @@ def unfit_reason(name, call):
     kernel = kernel_of(name, call.rule)
     if kernel is None:
         return f"it has no kernel for the update rule {call.rule.name!r}"
+    if call.transformed and not REGISTRY[name].composed:
+        return ("forward-mode AD or a torch.func transform is active, for which its autograd Functions define no "
+                "rules (the reference, torch ops alone, runs under them)")
     return REGISTRY[name].unfit_reason(call) or kernel.unfit_reason(call)
 
 

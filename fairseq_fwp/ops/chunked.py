@@ -18,6 +18,7 @@ import torch
 
 from .chunked_gated import gated_chunked
 from .chunking import DEFAULT_CHUNK_SIZE, default_chunk_size, from_chunks, to_chunks  # noqa: F401
+from .errors import refuse_a_second_derivative
 from .protocol import Backend, Kernel
 
 
@@ -72,6 +73,7 @@ class _SumRuleChunked(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, dS_final):
+        refuse_a_second_derivative("chunked")
         q, k, v, S0 = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
         d_out = torch.zeros_like(v) if d_out is None else d_out
@@ -160,6 +162,7 @@ class _DeltaRuleChunked(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, dS_final):
+        refuse_a_second_derivative("chunked")
         q, k, v, beta, S_start, Tinv, Wk, U, A, KKt = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
         d_out = torch.zeros_like(v) if d_out is None else d_out

@@ -33,6 +33,7 @@ import math
 import torch
 
 from .chunking import default_chunk_size, from_chunks, to_chunks
+from .errors import refuse_a_second_derivative
 
 
 def _t(x):
@@ -110,6 +111,7 @@ class _GatedChunked(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, dS_final):
+        refuse_a_second_derivative("chunked")
         q, k, v, beta, log_decay, S_start, A, G, U, Tinv, Wk, KK = ctx.saved_tensors
         chunk, T = ctx.chunk, q.shape[2]
         Q, K, V, dO = (to_chunks(x, chunk) for x in (q, k, v, d_out))

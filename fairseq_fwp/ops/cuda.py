@@ -24,7 +24,7 @@ import shutil
 import torch
 
 from .csrc_sources import CSRC_DIR, source_files, sources_digest, toolkit_of
-from .errors import BackendUnavailableError
+from .errors import BackendUnavailableError, refuse_a_second_derivative
 from .protocol import Backend, Kernel
 
 logger = logging.getLogger(__name__)
@@ -155,6 +155,7 @@ class _FastWeightKernel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, dW):
+        refuse_a_second_derivative("cuda")
         q, k, v, beta, checkpoints, u = ctx.saved_tensors  # unused outputs get zero gradients
         dq, dk, dv, dbeta, dstate = load_extension().backward(
             q, k, v, beta, d_out.contiguous(), dW.contiguous(), checkpoints, u, ctx.chunk, ctx.rows)

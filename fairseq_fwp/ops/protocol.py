@@ -2,9 +2,17 @@
 import dataclasses
 from typing import Callable
 
+import torch
+
 
 def fits(call):
     return None
+
+
+def transformed():
+    """Whether forward-mode AD or a torch.func transform (grad, vmap, jvp, ...) is active: the kernels' autograd
+    Functions define no rules for them, and only compositions of torch ops (the reference) run under them."""
+    return torch.autograd.forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,6 +22,7 @@ class Backend:
     name: str
     reads_half_types: bool  # takes float16/bfloat16 inputs as they are (else it gets the accumulation dtype)
     unfit_reason: Callable = fits  # (call) -> why it cannot run the call (device, dtype, installation), or None
+    composed: bool = False  # its ops are compositions of torch ops, which autograd's transforms differentiate
 
 
 def run_step(rule, memory, q, k, v, beta, decay):

@@ -40,4 +40,4 @@ def final_state(call, k, v, beta, state, log_decay):
     return _run(call.rule, queries, k, v, beta, state, log_decay, read=False)[1]
 
 
-BACKEND = Backend("reference", reads_half_types=False)  # any device, dtype and rule
+BACKEND = Backend("reference", reads_half_types=False, composed=True)  # any device, dtype and rule

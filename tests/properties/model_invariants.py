@@ -30,9 +30,10 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fairseq_fwp import sequence_generator
-from fairseq_fwp.modules import fast_weight_attention
+from fairseq_fwp.modules import source_attention
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention
 from fairseq_fwp.ops import BackendUnavailableError, memory
 from flag_combos import named_flags, refusal
@@ -134,6 +135,120 @@ def training_gives_finite_gradients_to_every_parameter(combination, seed):
     assert not bad, f"gradients not finite: {bad}"
 
 
+# what the glue's differential invariant runs the model under, beside the plain forward and backward
+GLUE_VARIANTS = ("plain", "a subclass of its feature map", "hooks", "a gradient penalty")
+
+
+@runs_here
+def the_fused_glue_computes_its_composition(combination, seed, variant):
+    """The layers' fused glue (modules/layouts.py: the batch-first layout, the shared-input projections, the fused
+    feature normalisations) against its composition (layouts.unfused(): the modules called one by one on
+    fairseq's [T, B, C], each feature map's own forward, then normalize_features), in float64: a training
+    forward (dropout off) and every parameter's gradient; also with every fast-weight layer's feature map a
+    subclass of its own that computes another function (its own forward must run), under hooks (a global
+    forward hook and a full backward hook on the projections, which must see their calls on [T, B, C]), and
+    for a gradient penalty's second derivatives (the op on the reference backend)."""
+    from fairseq_fwp.modules.layouts import unfused
+
+    # a second derivative through the op: the reference's (the kernels' backward passes differentiate once)
+    model, d = build(combination, extra=("--fwp-backend", "reference") if variant == "a gradient penalty" else ())
+    model.double()
+    layers = fast_weight_layers(model)
+    require(layers, "no fast-weight layer")
+    if variant == "a subclass of its feature map":
+        for layer in layers:
+            parent = type(layer.feature_map)
+            layer.feature_map.__class__ = type(f"Scaled{parent.__name__}", (parent,), {
+                "forward": lambda self, x, parent=parent: parent.forward(self, 1.5 * x - 0.25)})
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(d.nspecial, len(d), (3, 7), generator=g)
+    src = sources(d, 3, seed) if combination.arch == "translation" else None
+    weights = None
+    parameters = [p for p in model.parameters() if p.requires_grad]
+
+    def run():
+        nonlocal weights
+        logits = model(src[0], src[1], tokens)[0] if src is not None else model(tokens)[0]
+        weights = torch.randn(logits.shape, generator=g, dtype=logits.dtype) if weights is None else weights
+        loss = (logits * weights).sum()
+        grads = torch.autograd.grad(loss, parameters, create_graph=variant == "a gradient penalty", allow_unused=True)
+        if variant == "a gradient penalty":
+            penalty = sum((grad ** 2).sum() for grad in grads if grad is not None)
+            grads = torch.autograd.grad(penalty, parameters, allow_unused=True)
+        return [logits] + [grad for grad in grads if grad is not None]
+
+    seen = {"shapes": set(), "backward": 0}
+    # a gradient penalty through fairseq's softmax layers: SDPA's math form, which has second derivatives
+    def math_attention():
+        return sdpa_kernel([SDPBackend.MATH]) if variant == "a gradient penalty" else contextlib.nullcontext()
+
+    with math_attention(), _hooks(layers, seen) if variant == "hooks" else contextlib.nullcontext():
+        fused = run()
+    with math_attention(), unfused():
+        composed = run()
+    close(fused[0], composed[0], "logits", FLOAT64_TOLERANCE)
+    got, want = (torch.cat([grad.flatten() for grad in run[1:]]) for run in (fused, composed))
+    # a composition's second derivatives may be infinite (a norm's at 0): the same ones are, in the same places
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite), "the fused glue's gradients are not finite where its composition's are"
+    assert torch.equal(got[~finite].nan_to_num(), want[~finite].nan_to_num())
+    close(got[finite], want[finite], "the parameters' gradients", FLOAT64_TOLERANCE)
+    if variant == "hooks":
+        shapes = {shape for shape in seen["shapes"] if len(shape) == 3}
+        assert shapes and all(shape[1] == 3 for shape in shapes), f"the projections' hooks saw {shapes}, not [T, B, C]"
+        assert seen["backward"], "a full backward hook on a projection was not called"
+
+
+@runs_here
+def attention_weights_reproduce_the_output(combination, seed):
+    """Every fast-weight layer's attention weights (need_weights, need_head_weights, in eval mode) reproduce its
+    output from its values, out = finish(A V), in float64: a causal layer's over a whole sequence with padding (the
+    rule run on one-hot values: the dual form), a non-causal one's over a padded source, and encoder-decoder
+    attention's at every decoding step too."""
+    model, _ = build(combination)
+    model.double()
+    layers = fast_weight_layers(model)
+    require(layers, "no fast-weight layer")
+    g = torch.Generator().manual_seed(seed)
+    for index, layer in enumerate(layers):
+        T, S, B = 6, 9, 3
+        query = torch.randn(T, B, layer.embed_dim, generator=g, dtype=torch.float64)
+        key = query if layer.causal else torch.randn(S, B, layer.k_proj.in_features, generator=g, dtype=torch.float64)
+        padding = torch.zeros(B, key.shape[0], dtype=torch.bool)
+        padding[1, -2:] = True  # a row's last two positions
+        with torch.no_grad():
+            out, weights = layer(query, key, key, key_padding_mask=padding, need_weights=True, need_head_weights=True)
+            values = layer.values(key, padding)
+            values = values.flatten(2, 3) if values.dim() == 5 else values  # DeltaProduct: each write's value
+            close(out, layer._finish(torch.einsum("hbts,bhsd->bhtd", weights, values), query),
+                  f"layer {index}: out against A V")
+            if layer.causal or combination.arch != "translation":
+                continue
+            state = {}
+            for t in range(T):  # decoding: the source memory cached, a query per step
+                step, weights = layer(query[t:t + 1], key, key, key_padding_mask=padding, incremental_state=state,
+                                      static_kv=True, need_weights=True, need_head_weights=True)
+                close(step, layer._finish(torch.einsum("hbts,bhsd->bhtd", weights, values), query[t:t + 1]),
+                      f"layer {index}: decoding step {t}, out against A V")
+
+
+@contextlib.contextmanager
+def _hooks(layers, seen):
+    """A global forward hook that notes the input shape of every fast-weight layer's projection it sees, and a full
+    backward hook on each layer's k_proj that counts its calls."""
+    projections = {id(getattr(layer, name)) for layer in layers for name in ("q_proj", "k_proj", "v_proj")}
+    handles = [torch.nn.modules.module.register_module_forward_hook(
+        lambda module, inputs, output: seen["shapes"].add(tuple(inputs[0].shape)) if id(module) in projections
+        else None)]
+    handles += [layer.k_proj.register_full_backward_hook(
+        lambda module, grad_input, grad_output: seen.__setitem__("backward", seen["backward"] + 1)) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @contextlib.contextmanager
 def factors_until(limit):
     """The decoder's memories held as W's factors for `limit` tokens (None: the layers' own limit)."""
@@ -141,7 +256,7 @@ def factors_until(limit):
         yield
         return
     with mock.patch.object(memory, "factored_length_limit", lambda D, Dv: limit), \
-            mock.patch.object(fast_weight_attention, "factored_length_limit", lambda D, Dv: limit):
+            mock.patch.object(source_attention, "factored_length_limit", lambda D, Dv: limit):
         yield
 
 
@@ -471,7 +586,9 @@ def a_checkpoint_reloads_and_decodes_the_same(combination, seed):
     close(decoded[1], decoded[0], "decoded by the reloaded model")
 
 
-MODEL_INVARIANTS = (refused_naming_a_flag_or_built, training_gives_finite_gradients_to_every_parameter, decoding_equals_the_full_forward,
+MODEL_INVARIANTS = (refused_naming_a_flag_or_built, training_gives_finite_gradients_to_every_parameter,
+                    the_fused_glue_computes_its_composition, attention_weights_reproduce_the_output,
+                    decoding_equals_the_full_forward,
                     the_fused_step_decodes_as_the_rules_own,
                     a_prompt_in_one_call_then_single_tokens_equals_the_full_forward,
                     a_prompt_read_in_one_call_generates_what_forcing_does,

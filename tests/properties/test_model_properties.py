@@ -38,15 +38,19 @@ ONLY = {invariants.a_left_padded_source_computes_what_it_computes_alone: ("trans
 # the invariants drawn on each feature map of each family (the others draw the map): the backends' numerics
 # differ by map (DPFP's disjoint supports)
 BY_MAP = (invariants.the_backend_gives_the_references_outputs_and_gradients,)
-# ... and on each search: a few examples per test meet every search (seeded sampling checks the draws of the
-# prompt positions it skips only where no prompt holds </s>)
-BY_SEARCH = (invariants.a_prompt_read_in_one_call_generates_what_forcing_does,)
+# ... and on each of its variants, its first draw: a few examples per test meet every search (seeded sampling
+# checks the draws of the prompt positions it skips only where no prompt holds </s>), and the glue every way it
+# is run
+BY_VARIANT = {invariants.a_prompt_read_in_one_call_generates_what_forcing_does: tuple(invariants.SEARCHES),
+              invariants.the_fused_glue_computes_its_composition: invariants.GLUE_VARIANTS}
 # examples of a variant, where not 2: a beam of the vocabulary's size against forcing tells the loop's first step
 # from a later one in about one draw of four
 EXAMPLES = {"beam of the vocabulary": 5}
+# ... and of an invariant, where not 3: the weights' reach a translation model whose cross-attention normalises in
+# about one draw of three
+INVARIANT_EXAMPLES = {invariants.attention_weights_reproduce_the_output: 8}
 CASES = [(invariant, family, variant) for invariant in invariants.MODEL_INVARIANTS for family in sorted(families())
-         for variant in (fast_weight_maps() if invariant in BY_MAP else invariants.SEARCHES if invariant in BY_SEARCH
-                         else (None,))]
+         for variant in (fast_weight_maps() if invariant in BY_MAP else BY_VARIANT.get(invariant, (None,)))]
 
 
 @pytest.mark.parametrize("invariant, family, variant", CASES,
@@ -54,10 +58,10 @@ CASES = [(invariant, family, variant) for invariant in invariants.MODEL_INVARIAN
 def test_every_combination_of_flags(invariant, family, variant):
     checked = []
     feature_map = variant if invariant in BY_MAP else None
-    given_draws = [variant] if invariant in BY_SEARCH else []
+    given_draws = [variant] if invariant in BY_VARIANT else []
 
     @own_examples(f"{invariant.__name__}-{family}-{variant}")
-    @settings(max_examples=examples(EXAMPLES.get(variant, 2) if variant else 3),
+    @settings(max_examples=examples(EXAMPLES.get(variant, 2) if variant else INVARIANT_EXAMPLES.get(invariant, 3)),
               suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
     @given(data=st.data())
     def holds(data):

@@ -36,28 +36,58 @@ def key_hash(key):
     return hashlib.md5(json.dumps(key, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
 
 
+def _read(path, what):
+    """The JSON object in `path` whose fields `what` names; None, with a warning naming the file, where it cannot
+    be read or is not such an object (a file cut short, edited by hand, or of another format): a recorded file
+    is an optimisation, never a reason for training to stop."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or not all(isinstance(data.get(field), kind) for field, kind in what.items()):
+            raise ValueError(f"not fla_configs' format (an object with {', '.join(what)})")
+        return data
+    except (OSError, UnicodeDecodeError, ValueError) as error:  # JSONDecodeError is a ValueError
+        logger.warning(f"fla_configs: {path} skipped: {type(error).__name__}: {error}")
+        return None
+
+
 def folder_for(gpu, capability, fla_version, root=None):
     """The folder under `root` (default: this one) recorded on `gpu`, else one recorded on a GPU of the same
     compute capability (same architecture: the same configs compile and fit), each with this fla's version;
     None if none."""
     candidates = []
     for recorded in sorted(Path(root or FOLDER).glob(f"*/{RECORDED}")):
-        about = json.loads(recorded.read_text())
-        if about.get("fla") == fla_version and tuple(about.get("capability", ())) == tuple(capability):
-            candidates.append((about.get("gpu") != gpu, recorded.parent))
+        about = _read(recorded, {"fla": str, "capability": list, "gpu": str})
+        if about and about["fla"] == fla_version and tuple(about["capability"]) == tuple(capability):
+            candidates.append((about["gpu"] != gpu, recorded.parent))
     return min(candidates)[1] if candidates else None
 
 
 def load(folder):
-    """{kernel name: [(autotune key as a tuple, config dict)]} of a GPU's folder."""
+    """{kernel name: [(autotune key as a tuple, config dict)]} of a GPU's folder (a file that cannot be read is
+    skipped, with a warning)."""
     recorded = {}
     for path in sorted(Path(folder).glob("*.json")):
         if path.name == RECORDED:
             continue
-        data = json.loads(path.read_text())
-        recorded[data["kernel_name"]] = [(tuple(entry["autotune_key"]), entry["config"])
-                                         for entry in data.get("autotune_entries", {}).values()]
+        data = _read(path, {"kernel_name": str, "autotune_entries": dict})
+        entries = [] if data is None else list(data["autotune_entries"].values())
+        if data is None or not all(isinstance(entry, dict) and isinstance(entry.get("autotune_key"), list)
+                                   and isinstance(entry.get("config"), dict) for entry in entries):
+            if data is not None:
+                logger.warning(f"fla_configs: {path} skipped: an entry without its autotune_key and config")
+            continue
+        recorded[data["kernel_name"]] = [(tuple(entry["autotune_key"]), entry["config"]) for entry in entries]
     return recorded
+
+
+def _write(path, data):
+    """`data` as JSON into `path`, replacing it in one step (a run stopped while writing leaves the old file)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def _fla_autotuners():
@@ -132,9 +162,10 @@ def record(triton_cache, gpu, capability, versions, root=None):
     first). Returns (the folder, how many keys were new)."""
     folder = Path(root or FOLDER) / gpu_folder_name(gpu)
     folder.mkdir(parents=True, exist_ok=True)
-    if (folder / RECORDED).exists() and json.loads((folder / RECORDED).read_text()).get("fla") != versions["fla"]:
-        for old in folder.glob("*.json"):  # another fla's kernels: its keys and configs may not be this one's
-            old.unlink()
+    about = _read(folder / RECORDED, {"fla": str}) if (folder / RECORDED).exists() else None
+    if (folder / RECORDED).exists() and (about is None or about["fla"] != versions["fla"]):
+        for old in folder.glob("*.json"):  # another fla's kernels (or unknown ones): their keys and configs may
+            old.unlink()  # not be this one's
     fastest = {}  # (kernel, key's name) -> (timings, key, config)
     for path in sorted(Path(triton_cache).glob("*/*.autotune.json")):
         data = json.loads(path.read_text())
@@ -145,12 +176,11 @@ def record(triton_cache, gpu, capability, versions, root=None):
     new = 0
     for (kernel, name), (_, key, config) in sorted(fastest.items()):
         target = folder / f"{kernel}.json"
-        entries = (json.loads(target.read_text()) if target.exists() else
-                   {"kernel_name": kernel, "triton_version": versions.get("triton"), "autotune_entries": {}})
+        entries = (_read(target, {"kernel_name": str, "autotune_entries": dict}) if target.exists() else None) or \
+            {"kernel_name": kernel, "triton_version": versions.get("triton"), "autotune_entries": {}}
         new += name not in entries["autotune_entries"]
         entries["autotune_entries"][name] = {
             "autotune_key": key, "config": {k: config[k] for k in CONFIG_FIELDS if config.get(k) is not None}}
-        target.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
-    about = {"gpu": gpu, "capability": list(capability), **versions}
-    (folder / RECORDED).write_text(json.dumps(about, indent=1, sort_keys=True) + "\n")
+        _write(target, entries)
+    _write(folder / RECORDED, {"gpu": gpu, "capability": list(capability), **versions})
     return folder, new
