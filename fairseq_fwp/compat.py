@@ -40,11 +40,17 @@
 9. --fwp-session (and --fwp-session-file) given to a task that takes none, fairseq-interactive's default
    translation among them, was "unrecognized arguments": every task without them now refuses them naming
    the tasks that take them.
+10. Options that fairseq does not check and that end inside its code with an error naming none of them, or
+   never end (--beam 0, --required-batch-size-multiple 0, ...), are refused by name when a task builds its
+   generator or its batches (option_checks.py).
+11. fairseq 0.12's --replace-unk indexes its alignment by target position, where --print-alignment hard gives
+   (source, target) word pairs: every <unk> replaced was a TypeError. It reads the pairs now.
 """
 import argparse
 import contextvars
 import functools
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -94,8 +100,15 @@ def _replace(owner, name, make):
 def _patch_batch_by_size():
     from fairseq.data import data_utils
 
+    from .option_checks import check_batching
+
     def make(original):
+        signature = inspect.signature(original)
+
         def batch_by_size(indices, *args, **kwargs):
+            given = signature.bind(indices, *args, **kwargs).arguments
+            check_batching(given.get("max_tokens"), given.get("max_sentences"),
+                           given.get("required_batch_size_multiple", 1))
             batches = original(indices, *args, **kwargs)
             indices = np.fromiter(indices, dtype=np.int64) if not isinstance(indices, np.ndarray) else indices
             batched = sum(len(b) for b in batches)
@@ -298,6 +311,45 @@ def _patch_task_options_to_name_the_session_tasks():
     FairseqTask.add_args = classmethod(add_args)
 
 
+def _patch_generators_to_check_their_options():
+    from fairseq.tasks import FairseqTask
+
+    from .option_checks import check_generation
+
+    original = FairseqTask.build_generator
+    if getattr(original, "_fwp_replaced", False):
+        return
+
+    @functools.wraps(original)
+    def build_generator(self, models, args, *more, **kwargs):
+        check_generation(args)
+        return original(self, models, args, *more, **kwargs)
+
+    build_generator._fwp_replaced = True
+    FairseqTask.build_generator = build_generator
+
+
+def _patch_unknown_word_replacement_to_read_aligned_pairs():
+    from fairseq import tokenizer, utils
+
+    def make(original):
+        def replace_unk(hypo_str, src_str, alignment, align_dict, unk):
+            if not alignment or not isinstance(alignment[0], (tuple, list)):
+                return original(hypo_str, src_str, alignment, align_dict, unk)
+            source_of = {}
+            for source, target in alignment:  # --print-alignment hard: (source, target) word pairs
+                source_of.setdefault(int(target), int(source))
+            hypo_tokens, src_tokens = tokenizer.tokenize_line(hypo_str), tokenizer.tokenize_line(src_str)
+            for i, token in enumerate(hypo_tokens):
+                if token == unk and source_of.get(i, len(src_tokens)) < len(src_tokens):
+                    source = src_tokens[source_of[i]]
+                    hypo_tokens[i] = align_dict.get(source, source)
+            return " ".join(hypo_tokens)
+        return replace_unk
+
+    _replace(utils, "replace_unk", make)
+
+
 def apply():
     _silence_hydra_deprecations()
     _patch_finetuning_to_compare_models()
@@ -308,3 +360,5 @@ def apply():
     _patch_batch_by_size()
     _patch_bf16_without_tpu()
     _patch_task_options_to_name_the_session_tasks()
+    _patch_generators_to_check_their_options()
+    _patch_unknown_word_replacement_to_read_aligned_pairs()

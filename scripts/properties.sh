@@ -5,7 +5,8 @@
 # (tests/properties/reproduce.py), and is kept in hypothesis's example database (.hypothesis/), which
 # the next run tries first. Ends with a list of every failure's reproduction.
 #   bash scripts/properties.sh --minutes 30 [pytest arguments, e.g. -k decoding]
-# EXAMPLES (default 25): examples per property per round.
+# EXAMPLES (default 25): examples per property per round. The option contract (fairseq's own options through its
+# tools: tests/properties/test_fairseq_options.py) runs too, each of its examples a fairseq command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=30
@@ -22,7 +23,7 @@ while (( $(date +%s) < deadline - 30 )); do
   seed=$RANDOM$RANDOM
   echo "[properties] round $round, seed $seed, $(( (deadline - $(date +%s)) / 60 )) min left"
   if FWP_PROPERTIES=long FWP_PROPERTIES_EXAMPLES=${EXAMPLES:-25} timeout $((deadline - $(date +%s))) \
-      .venv/bin/python -m pytest -q -p no:cacheprovider -n "$(nproc)" -m "not slow" --hypothesis-seed="$seed" tests/properties \
+      .venv/bin/python -m pytest -q -p no:cacheprovider -n "$(nproc)" -m "not slow or options" --hypothesis-seed="$seed" tests/properties \
       "$@" > "$log/round-$round.txt" 2>&1; then
     tail -1 "$log/round-$round.txt"
   else

@@ -2,8 +2,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ from examples.dual_form.__main__ import main as dual_form_cli  # noqa: E402
 from examples.dual_form.dual import dual_weights  # noqa: E402
 from fairseq_fwp.dual_form.storage import GrowingNpy, Record  # noqa: E402
 from examples.recipes.pipeline import PLUGIN_DIR, fairseq  # noqa: E402
+from examples.recipes.commands import python  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPDATES = 300
@@ -140,7 +139,6 @@ def test_explain_is_deterministic(recorded, tmp_path):
 @pytest.mark.slow
 def test_wikitext2_demo_skips_without_the_data(tmp_path):
     demo = os.path.join(ROOT, "examples", "dual_form", "wikitext2_demo.py")
-    proc = subprocess.run([sys.executable, demo, "--data", str(tmp_path / "absent"), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True)
+    proc = python(demo, "--data", tmp_path / "absent", "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     assert "skipping" in proc.stdout and not os.path.exists(tmp_path / "out")

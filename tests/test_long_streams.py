@@ -1,10 +1,10 @@
 """100,000-token streams through a fast-weight layer with its state carried (examples/reliability/long_streams.py)."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from examples.recipes.commands import python
 
 pytest.importorskip("fairseq")
 pytestmark = pytest.mark.slow  # the example in a subprocess: 100,000 tokens per case
@@ -15,8 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def results():
     """{(rule, inputs, dtype): the case's numbers}, from one run of the example."""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "reliability", "long_streams.py"), "--json"],
-                          capture_output=True, text=True, check=True)
+    proc = python(os.path.join(ROOT, "examples", "reliability", "long_streams.py"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     return {(r["rule"], r["inputs"], r["dtype"]): r for r in rows}
 

@@ -7,6 +7,7 @@ import re
 import signal
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -225,11 +226,11 @@ def test_the_child_has_the_callers_folder_and_environment(tmp_path, monkeypatch,
                            "--destdir", "here", "--workers", 1)
     assert (tmp_path / "here" / "dict.txt").is_file() and "Wrote preprocessed data" in out
     probe = user_dir(tmp_path / "probe", "import os\nprint('probe:', os.environ['PROBE_VARIABLE'], os.getcwd())\n")
-    lines, wait = preloaded.launch("train", ["--user-dir", str(probe), "--help"])
+    lines, wait, _ = preloaded.launch("train", ["--user-dir", str(probe), "--help"])
     assert f"probe: seen {tmp_path}" in "".join(lines) and wait() == 0
-    lines, wait = preloaded.launch("train", ["--user-dir", str(tmp_path / "nowhere")])
+    lines, wait, _ = preloaded.launch("train", ["--user-dir", str(tmp_path / "nowhere")])
     assert wait() != 0  # fails the command, not the server
-    lines, wait = preloaded.launch("preprocess", ["--help"])
+    lines, wait, _ = preloaded.launch("preprocess", ["--help"])
     assert "usage: fairseq-preprocess" in "".join(lines) and wait() == 0
 
 
@@ -303,7 +304,7 @@ def test_the_command_takes_ctrl_c_as_its_caller_does(tmp_path, own_server):
         preloaded._server_path()  # this test's own server starts here
     for caller in (signal.SIG_IGN, signal.default_int_handler):
         with ctrl_c(caller):
-            output, wait = preloaded.launch("train", ["--user-dir", str(probe), "--help"])
+            output, wait, _ = preloaded.launch("train", ["--user-dir", str(probe), "--help"])
             assert probe_lines(output.read()) == [f"probe: {caller!r}"] and wait() == 0
 
 
@@ -378,3 +379,36 @@ def test_a_command_ends_with_its_killed_caller(tmp_path, train_scripts, stop):
     # The caller's stdout is the command's: it ends when the command ends, or the command goes on to its --help.
     rest = process.stdout.read()
     assert rest == "", f"the command outlived its caller: {rest[:300]!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["0", "1"])
+def test_a_command_past_its_time_limit_is_stopped(tmp_path, monkeypatch, mode):
+    """commands.completed(timeout=...) kills a command that runs past it, a new process or the server's child, and
+    gives what it printed with the signal that ended it."""
+    import time
+
+    monkeypatch.setenv("FAIRSEQ_FWP_PRELOAD", mode)
+    probe = user_dir(tmp_path / "probe", SLEEPS)
+    began = time.time()
+    status, output = commands.completed("train", "--user-dir", probe, "--help", timeout=3)
+    assert status == -signal.SIGKILL and "probe: sleeps" in output and time.time() - began < 20
+
+
+@pytest.mark.slow
+def test_python_run_by_the_server_is_the_interpreters(tmp_path, monkeypatch):
+    """commands.python: `python -c CODE`, `python -m MODULE` and `python SCRIPT` with their arguments, stdin, stdout,
+    stderr, exit status, sys.argv and working folder, as a new interpreter runs them."""
+    script = tmp_path / "script.py"
+    script.write_text("import os, sys\nprint(sys.argv[1:], os.path.basename(os.getcwd()), sys.path[0] == os.path.dirname("
+                      "os.path.abspath(__file__)))\nsys.exit(2)\n")
+    runs = []
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FAIRSEQ_FWP_PRELOAD", mode)
+        code = commands.python("-c", "import sys; print(sys.argv); print('to stderr', file=sys.stderr); "
+                                     "sys.exit(int(sys.stdin.read()))", "a", "b", input="3", cwd=tmp_path)
+        module = commands.python("-m", "json.tool", input='{"b": 1, "a": [2]}')
+        ran = commands.python(script, "x", cwd=tmp_path)
+        runs.append([(run.returncode, run.stdout, run.stderr) for run in (code, module, ran)])
+    assert runs[0] == runs[1]
+    assert runs[0][0] == (3, "['-c', 'a', 'b']\n", "to stderr\n") and runs[0][2][0] == 2

@@ -7,7 +7,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import tarfile
 
 import pytest
@@ -17,6 +16,7 @@ pytest.importorskip("fairseq")
 
 import fairseq_fwp  # noqa: E402,F401  (the plugin's models, and torch.load of fairseq's checkpoints)
 from examples.recipes.published_layouts import write_archive  # noqa: E402
+from examples.recipes.commands import python  # noqa: E402
 from fairseq_fwp.models.fwp_transformer import FastWeightTransformerModel  # noqa: E402
 from fairseq_fwp.modules.fast_weight_attention import FastWeightAttention  # noqa: E402
 from fairseq_fwp.uptraining import cli  # noqa: E402
@@ -213,8 +213,8 @@ def test_a_converted_folder_finetunes_and_loads_where_the_checkout_that_converte
     workstation.mkdir()
     (workstation / "fairseq_fwp").symlink_to(fairseq_fwp.__path__[0])  # its plugin, imported from there
     folder, out = tiny_archive(tmp_path / "model", "--share-all-embeddings"), tmp_path / "dpfp"
-    converted = subprocess.run([sys.executable, "-m", "fairseq_fwp.uptrain", "--pretrained", folder, "--out", out,
-                                "--", *DPFP_SUM], cwd=workstation, capture_output=True, text=True)
+    converted = python("-m", "fairseq_fwp.uptrain", "--pretrained", folder, "--out", out, "--", *DPFP_SUM,
+                       cwd=workstation)
     assert converted.returncode == 0, converted.stderr[-3000:]
     assert f"--user-dir {workstation / 'fairseq_fwp'} " in converted.stderr  # the workstation's plugin converted it
     (workstation / "fairseq_fwp").unlink()  # that checkout is gone (or moved)
@@ -334,8 +334,7 @@ def test_the_wmt16_recipe_runs_every_step_on_a_stand_in_of_the_big_model(tmp_pat
     data, model, ckpt = tmp_path / "data", tmp_path / "dpfp-256", tmp_path / "ckpt"
 
     def step(*argv):
-        proc = subprocess.run([sys.executable, "-m", "examples.recipes.wmt16_uptraining", *map(str, argv)], cwd=ROOT,
-                              capture_output=True, text=True)
+        proc = python("-m", "examples.recipes.wmt16_uptraining", *argv, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout + proc.stderr
 

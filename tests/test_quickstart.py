@@ -1,9 +1,9 @@
 """The quickstart, end to end with tiny budgets: every part runs, both plots and the summary are written."""
 import os
-import subprocess
-import sys
 
 import pytest
+
+from examples.recipes.commands import python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -11,9 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_the_quickstart_prints_capacity_cost_and_the_pipeline_table(tmp_path):
     out = tmp_path / "quickstart"
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quickstart", "quickstart.py"),
-                          "--out", str(out), "--mt-updates", "10", "--lm-updates", "10", "--capacity-steps", "100",
-                          "--cost-length", "48"], capture_output=True, text=True, timeout=600)
+    run = python(os.path.join(ROOT, "examples", "quickstart", "quickstart.py"), "--out", out, "--mt-updates", 10,
+                 "--lm-updates", 10, "--capacity-steps", 100, "--cost-length", 48)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for plot in ("capacity.png", "cost.png"):
         with open(out / plot, "rb") as f:

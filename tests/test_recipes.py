@@ -13,14 +13,14 @@ pytest.importorskip("fairseq")
 
 from helpers import ROOT, parse_args  # noqa: E402
 from examples.recipes import rows, text  # noqa: E402
+from examples.recipes.commands import python  # noqa: E402
 from examples.recipes.small_real_data import split_at_article_boundary  # noqa: E402
 from examples.recipes.synthetic_data import lm_sentence, translation_pairs  # noqa: E402
 
 
 def recipe(module, *args):
     """python -m examples.recipes.<module> ARGS; returns stdout, fails the test with the tail."""
-    proc = subprocess.run([sys.executable, "-m", f"examples.recipes.{module}", *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = python("-m", f"examples.recipes.{module}", *args, cwd=ROOT)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc.stdout
 
@@ -177,8 +177,8 @@ def test_bad_rows_fail_clearly():
         rows.wikitext103_row("table3", "nopos-noattnnorm", "small")
     with pytest.raises(ValueError, match="table2 rows are transformer, linear-sum"):
         rows.wikitext103_row("table2", "dpfp", "small")
-    proc = subprocess.run([sys.executable, "-m", "examples.recipes.wmt14", "train", "--data", "x",
-                           "--row", "dpfp-999", "--save-dir", "y"], capture_output=True, text=True, cwd=ROOT)
+    proc = python("-m", "examples.recipes.wmt14", "train", "--data", "x", "--row", "dpfp-999", "--save-dir", "y",
+                  cwd=ROOT)
     assert proc.returncode == 2 and "--row: invalid choice: 'dpfp-999'" in proc.stderr
 
 

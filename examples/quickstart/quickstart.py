@@ -195,13 +195,20 @@ def slug(name):
 
 
 def run_logged(argv, log, watch):
-    """Run a command, its output into `log`, every line to `watch`; raises with the log's tail on failure."""
+    """Run a Python command (this interpreter's: the preloaded server's fork where it runs one, as the fairseq
+    commands are), its output into `log`, every line to `watch`; raises with the log's tail on failure."""
+    from examples.recipes import preloaded
+
     with open(log, "w") as sink:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        for line in proc.stdout:
+        if preloaded.enabled():
+            lines, wait, _ = preloaded.launch(preloaded.PYTHON, argv[1:], cwd=ROOT)
+        else:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+            lines, wait = proc.stdout, proc.wait
+        for line in lines:
             sink.write(line)
             watch(line)
-    if proc.wait() != 0:
+    if wait() != 0:
         with open(log) as f:
             raise RuntimeError(f"{argv[1:3]} failed; the end of {log}:\n{f.read()[-3000:]}")
 

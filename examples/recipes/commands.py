@@ -4,6 +4,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 
 from . import preloaded
@@ -41,28 +42,62 @@ def fairseq(command, *args, cwd=None, echo=False, log=None, as_module=False, wat
     if watch is None and command == "train":
         progress = TrainingProgress.for_arguments(argv)
         watch = progress.see if progress is not None else None
-    lines = []
-    with open(log or os.devnull, "w") as sink:
-        output_lines, wait = _launch(command, launcher, argv[len(launcher):], as_module, cwd)
-        for line in output_lines:
-            lines.append(line)
-            sink.write(line)
-            if watch is not None:
-                watch(line)
-        returncode = wait()
-    output = "".join(lines)
+    returncode, output = completed(command, *args, cwd=cwd, log=log, as_module=as_module, watch=watch)
     if returncode != 0:
         raise RuntimeError(f"fairseq-{command} failed ({returncode}):\n{output[-4000:]}")
     return output
 
 
+def completed(command, *args, cwd=None, log=None, as_module=False, watch=None, timeout=None):
+    """Run fairseq-<command>, stopped (killed) after `timeout` seconds where given; returns (its exit status,
+    negative for the signal that ended it, and its combined output), whatever it is."""
+    launcher = _command_line(command, as_module)
+    lines = []
+    with open(log or os.devnull, "w") as sink:
+        output_lines, wait, stop = _launch(command, launcher, list(map(str, args)), as_module, cwd)
+        timer = threading.Timer(timeout, stop) if timeout else None
+        if timer is not None:
+            timer.start()
+        try:
+            for line in output_lines:
+                lines.append(line)
+                sink.write(line)
+                if watch is not None:
+                    watch(line)
+            returncode = wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+    return returncode, "".join(lines)
+
+
+def python(*args, cwd=None, env=None, input=None):
+    """`python ARGS` (-m MODULE, -c CODE or SCRIPT, then its arguments) with this interpreter: a
+    subprocess.CompletedProcess, its stdout and stderr as text, apart; with FAIRSEQ_FWP_PRELOAD=1, run by the
+    preloaded server (preloaded.run_python: no import of torch and fairseq of its own)."""
+    if preloaded.enabled():
+        return preloaded.run_python(args, cwd, env, input)
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, input=input, capture_output=True,
+                          text=True)
+
+
+def python_module(module, *args):
+    """`python -m MODULE ARGS` with this interpreter, its output this process's; raises CalledProcessError where it
+    fails. With FAIRSEQ_FWP_PRELOAD=1, run by the preloaded server (preloaded.run_python_here)."""
+    command = [sys.executable, "-m", module, *map(str, args)]
+    status = (preloaded.run_python_here(command[1:]) if preloaded.enabled()
+              else subprocess.run(command).returncode)
+    if status != 0:
+        raise subprocess.CalledProcessError(status, command)
+
+
 def _launch(command, launcher, args, as_module, cwd):
-    """(the command's output lines, a function that returns its exit status once they are read): a new
-    process, or, with FAIRSEQ_FWP_PRELOAD=1, a child of the preloaded server (preloaded.py)."""
+    """(the command's output lines, a function that returns its exit status once they are read, a function that
+    kills it): a new process, or, with FAIRSEQ_FWP_PRELOAD=1, a child of the preloaded server (preloaded.py)."""
     if preloaded.enabled() and not as_module and command.replace("-", "_") in preloaded.COMMANDS:
         return preloaded.launch(command, args, cwd)
     proc = subprocess.Popen([*launcher, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc.stdout, proc.wait
+    return proc.stdout, proc.wait, proc.kill
 
 
 class TrainingProgress:

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import runpy
 import signal
 import socket
 import subprocess
@@ -35,6 +36,7 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMANDS = ("preprocess", "train", "generate", "eval_lm", "score", "interactive", "validate")
+PYTHON = "python"  # `python -m MODULE ...`, `python SCRIPT ...`, `python -c CODE ...`: run_python
 # The modules that configure logging first thing when imported (logging.basicConfig before their imports):
 # the child runs them again on an unconfigured root logger, as a new process would. The others (whose
 # basicConfig comes after fairseq's import, and does nothing) find the root logger as importing fairseq leaves
@@ -58,7 +60,7 @@ def enabled():
 
 def launch(command, args, cwd=None):
     """fairseq-<command> args, run by the server: (its output lines, stdout and stderr together, a function
-    that returns its exit status once they are read)."""
+    that returns its exit status once they are read, a function that kills it: the end of its connection)."""
     read, write = os.pipe()
     connection = _request(command, args, cwd, [0, write, write])
     os.close(write)  # the output ends when the command's copies close
@@ -69,7 +71,13 @@ def launch(command, args, cwd=None):
             for _ in output:  # what the caller did not read
                 pass
             return _status(connection)
-    return output, wait
+
+    def stop():
+        try:
+            connection.shutdown(socket.SHUT_WR)  # the child's follower sees the end, and kills it
+        except OSError:  # already ended
+            pass
+    return output, wait, stop
 
 
 def forward(command, args):
@@ -94,14 +102,60 @@ def forward(command, args):
     return status
 
 
-def _request(command, args, cwd, fds):
-    """Sends fairseq-<command> args to the server, to run on `fds` as its stdin, stdout and stderr; returns the
-    connection that then gives its exit status (_status) and outlives it (the child ends when it closes)."""
+def run_python(args, cwd=None, env=None, input=None, timeout=None):
+    """`python ARGS` (-m MODULE, -c CODE or SCRIPT, then its arguments) as a new interpreter runs it, run by the
+    server (no import of torch and fairseq of its own: about 4 s less); a subprocess.CompletedProcess with its
+    stdout and stderr apart. env: the environment it runs in (default: this one's); input: its stdin's text."""
+    args = [str(arg) for arg in args]
+    stdin_read, stdin_write = os.pipe()
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    connection = _request(PYTHON, args, cwd, [stdin_read, out_write, err_write], env=env)
+    for fd in (stdin_read, out_write, err_write):
+        os.close(fd)
+    captured = {}
+
+    def read(name, fd):
+        with open(fd, encoding="utf-8", errors="replace") as stream:
+            captured[name] = stream.read()
+    readers = [threading.Thread(target=read, args=pair) for pair in (("stdout", out_read), ("stderr", err_read))]
+    for reader in readers:
+        reader.start()
+    with open(stdin_write, "w") as stdin:
+        try:
+            stdin.write(input or "")
+        except BrokenPipeError:  # it ended without reading its stdin
+            pass
+    timer = threading.Timer(timeout, lambda: connection.shutdown(socket.SHUT_WR)) if timeout else None
+    if timer is not None:
+        timer.start()
+    with connection:
+        for reader in readers:
+            reader.join()
+        status = _status(connection)
+    if timer is not None:
+        timer.cancel()
+    return subprocess.CompletedProcess([sys.executable, *args], status, captured["stdout"], captured["stderr"])
+
+
+def run_python_here(args):
+    """`python ARGS`, run by the server on this process's stdin, stdout and stderr; returns its exit status."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with _request(PYTHON, [str(arg) for arg in args], None, [0, 1, 2]) as connection:
+        return _status(connection)
+
+
+def _request(command, args, cwd, fds, env=None):
+    """Sends fairseq-<command> args (or `python args`: PYTHON) to the server, to run on `fds` as its stdin, stdout
+    and stderr, in `env` (default: this process's environment); returns the connection that then gives its exit
+    status (_status) and outlives it (the child ends when it closes)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(_server_path())
     socket.send_fds(connection, [b"\0"], fds)
-    request = dict(command=command.replace("-", "_"), argv=[f"fairseq-{command}", *args],
-                   cwd=os.path.abspath(cwd or os.getcwd()), env=dict(os.environ),
+    program = PYTHON if command == PYTHON else f"fairseq-{command}"
+    request = dict(command=command.replace("-", "_"), argv=[program, *args],
+                   cwd=os.path.abspath(cwd or os.getcwd()), env=dict(os.environ if env is None else env),
                    ignores_ctrl_c=signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
     connection.sendall(json.dumps(request).encode() + b"\n")
     return connection
@@ -114,16 +168,23 @@ def _status(connection):
     return int(reply) if reply else -signal.SIGKILL  # the child died without saying how (killed, crashed)
 
 
-def stand_ins(folder, commands=("preprocess", "train", "generate", "eval-lm", "interactive", "validate")):
+def stand_ins(folder, commands=("preprocess", "train", "generate", "eval-lm", "interactive", "validate"),
+              python=True):
     """Writes fairseq-<command> scripts into `folder` that run their command on this process's server
-    (forward): a folder to put first on PATH, for commands run by other programs (bash). Returns the
-    environment variables that go with it."""
+    (forward), and with `python` a `python` that runs `python -m MODULE ...` and `python SCRIPT ...` there
+    (run_python_here; anything else as the interpreter itself): a folder to put first on PATH, for commands run by
+    other programs (bash). Returns the environment variables that go with it."""
     os.makedirs(folder, exist_ok=True)
-    for command in commands:
-        script = os.path.join(folder, f"fairseq-{command}")
+    scripts = {f"fairseq-{command}": f"from examples.recipes.preloaded import forward\n"
+                                     f"sys.exit(forward({command!r}, sys.argv[1:]))\n" for command in commands}
+    if python:
+        scripts["python"] = (f"from examples.recipes.preloaded import _runs_here, run_python_here\n"
+                             f"if not _runs_here(sys.argv[1:]):\n    os.execv({sys.executable!r}, [{sys.executable!r}, "
+                             f"*sys.argv[1:]])\nsys.exit(run_python_here(sys.argv[1:]))\n")
+    for name, body in scripts.items():
+        script = os.path.join(folder, name)
         with open(script, "w") as f:
-            f.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {ROOT!r})\n"
-                    f"from examples.recipes.preloaded import forward\nsys.exit(forward({command!r}, sys.argv[1:]))\n")
+            f.write(f"#!{sys.executable}\nimport os, sys\nsys.path.insert(0, {ROOT!r})\n{body}")
         os.chmod(script, 0o755)
     return {"FAIRSEQ_FWP_PRELOAD_SOCKET": _server_path()}
 
@@ -185,10 +246,15 @@ def _child(connection, modules, start_environment, after_fairseq):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command's own subprocesses are waited for
         request = _take_request(connection)
         _follow_caller(connection)
-        if _read_at_start(os.environ) == start_environment:
-            status = _run(modules, request["command"], request["argv"], after_fairseq)
+        argv = request["argv"]
+        if request["command"] == PYTHON and _read_at_start(os.environ) == start_environment and _runs_here(argv[1:]):
+            status = _run_python(argv[1:], after_fairseq)
+        elif request["command"] == PYTHON:  # interpreter options, or another start-up environment: a new one
+            status = _call([sys.executable, *argv[1:]])
+        elif _read_at_start(os.environ) == start_environment:
+            status = _run(modules, request["command"], argv, after_fairseq)
         else:  # the server started under other values: the command as installed
-            status = _call([_console_script(request["argv"][0]), *request["argv"][1:]])
+            status = _call([_console_script(argv[0]), *argv[1:]])
     except BaseException as error:  # a Ctrl-C before the command's own code runs (forward) among them
         status = _uncaught(error)
     finally:
@@ -267,6 +333,36 @@ def _run(modules, command, argv, after_fairseq):
     sys.path[0] = os.path.dirname(_console_script(argv[0]))  # a console script's first path: its own folder
     try:
         sys.exit(module.cli_main())
+    except SystemExit as stop:
+        status = _exit_status(stop)
+    except BaseException as error:
+        status = _uncaught(error)
+    _exit_as_the_interpreter()
+    return status
+
+
+def _runs_here(args):
+    """Whether `python ARGS` is one that _run_python runs: a module, code or a script, no interpreter options."""
+    return bool(args) and (args[0] in ("-m", "-c") and len(args) > 1 or not args[0].startswith("-"))
+
+
+def _run_python(args, after_fairseq):
+    """`python ARGS` as the interpreter runs it, to its exit (a module's or a script's __main__, with sys.argv and
+    sys.path[0] as the interpreter sets them); returns its exit status. The root logger: as importing fairseq left
+    it, which every program here imports (the server imported it once)."""
+    _reseed()
+    _set_root_logger(after_fairseq)
+    try:
+        if args[0] == "-m":
+            sys.argv, sys.path[0] = [args[1], *args[2:]], os.getcwd()
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        elif args[0] == "-c":
+            sys.argv, sys.path[0] = ["-c", *args[2:]], ""
+            exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        else:
+            sys.argv, sys.path[0] = list(args), os.path.dirname(os.path.abspath(args[0]))
+            runpy.run_path(args[0], run_name="__main__")
+        status = 0
     except SystemExit as stop:
         status = _exit_status(stop)
     except BaseException as error:

@@ -32,14 +32,12 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
-import sys
 
 from fairseq_fwp.uptraining import published_archives
 from fairseq_fwp.uptraining.finetuning import finetune_command
 
 from . import cli, language_model, rows, wikitext103
-from .commands import PLUGIN_DIR, fairseq
+from .commands import PLUGIN_DIR, fairseq, python_module
 from .prepared import preparing
 
 PUBLISHED = "transformer_lm.wiki103.adaptive"
@@ -76,12 +74,12 @@ def original_folder(data):
 
 def convert(args):
     """One conversion of the original, attention transfer included, into the model folder --out."""
-    command = [sys.executable, "-m", "fairseq_fwp.uptrain", "--pretrained", original_folder(args.data), "--out",
+    arguments = ["--pretrained", original_folder(args.data), "--out",
                args.out, "--data", os.path.join(args.data, "bin"), "--attention-transfer-steps",
                str(args.attention_transfer_steps), "--", *rows.WIKITEXT103_UPTRAINING[args.row].flags_for(),
                "--max-tokens", "3072"]
-    print("+ " + shlex.join(command), flush=True)
-    subprocess.run(command, check=True)
+    print("+ " + shlex.join(["python", "-m", "fairseq_fwp.uptrain", *arguments]), flush=True)
+    python_module("fairseq_fwp.uptrain", *arguments)
 
 
 def finetune(args):

@@ -28,14 +28,13 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import tarfile
 import urllib.request
 
 from fairseq_fwp.uptraining import published_archives
 
 from . import cli, text
-from .commands import PLUGIN_DIR, fairseq
+from .commands import PLUGIN_DIR, fairseq, python_module
 
 PUBLISHED = "transformer.wmt16.en-de"
 GOOGLE_DATA = "https://drive.google.com/uc?export=download&id=0B_bZck-ksdkpM25jRUN2X2UxMm8"  # scaling_nmt's link
@@ -86,11 +85,11 @@ def original_folder(data):
 
 def convert(args):
     """One conversion of the original, attention transfer included, into the model folder --out."""
-    command = [sys.executable, "-m", "fairseq_fwp.uptrain", "--pretrained", original_folder(args.data), "--out",
+    arguments = ["--pretrained", original_folder(args.data), "--out",
                args.out, "--data", os.path.join(args.data, "bin"), "--attention-transfer-steps",
                str(args.attention_transfer_steps), "--", *WMT16_ROWS[args.row], "--max-tokens", "3584"]
-    print("+ " + shlex.join(command), flush=True)
-    subprocess.run(command, check=True)
+    print("+ " + shlex.join(["python", "-m", "fairseq_fwp.uptrain", *arguments]), flush=True)
+    python_module("fairseq_fwp.uptrain", *arguments)
 
 
 def finetune(args):

@@ -26,7 +26,7 @@ def embedded(embed_positions, positions):
     if isinstance(embed_positions, LearnedPositionalEmbedding):
         return F.embedding(positions, embed_positions.weight, embed_positions.padding_idx)
     if isinstance(embed_positions, SinusoidalPositionalEmbedding):
-        needed = int(positions.max()) + 1
+        needed = int(positions.max()) + 1 if positions.numel() else 0  # a batch of no rows (--beam 0) needs none
         if needed > embed_positions.weights.size(0):  # as its forward grows the table for a longer input
             embed_positions.weights = SinusoidalPositionalEmbedding.get_embedding(
                 needed, embed_positions.embedding_dim, embed_positions.padding_idx).to(embed_positions.weights)

@@ -61,7 +61,10 @@ class PromptReading:
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
-        if seq_gen_cls is None and not getattr(args, "print_alignment", False):
+        if getattr(args, "print_alignment", None):
+            raise ValueError(f"--print-alignment {args.print_alignment}: a language model's output has no source "
+                             "to align to (its prompt is its own past)")
+        if seq_gen_cls is None:
             seq_gen_cls = FastWeightSequenceGenerator
         generator = super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                             extra_gen_cls_kwargs=extra_gen_cls_kwargs,

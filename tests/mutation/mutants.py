@@ -73,7 +73,7 @@ MUTANTS = (
            "beam search's reorder moves the memory but not the short convolutions' caches",
            harness="test_every_combination_of_flags and decoding_equals"),
     Mutant("disjoint-supports-under-attention-normalisation", (
-        ("fairseq_fwp/modules/fast_weight_attention.py",
+        ("fairseq_fwp/modules/normaliser.py",
          "    return torch.where(normalizer > 0, out / (normalizer + eps), 0.0)",
          "    return out / (normalizer + eps)"),
         ("fairseq_fwp/ops/chunked.py", "            later = qdo[:, :, 1:].flip(2).cumsum(2).flip(2)\n"

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mutation"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "mutation"))
 from copies import apply, copy_of_the_repository, pytest_in  # noqa: E402
 from mutants import MUTANTS  # noqa: E402
 from run import judged  # noqa: E402
@@ -31,3 +32,15 @@ def test_the_suites_property_run_fails_on_the_mutant(mutant, tmp_path):
     run = pytest_in(copy, "tests/properties", "-k", mutant.harness, selection=mutant.harness, stop_at_catch=True)
     result = judged(mutant, [("harness", run.failures, 0.0)], harness_only=True)
     assert result["result"] == "harness", f"{result}\n{run.output[-3000:]}"
+
+
+def test_every_mutant_still_applies():
+    """Each mutant's original text is in its file exactly once: code that moved (a function to a module of its own)
+    leaves no mutant stale until a run of scripts/mutants.sh finds it."""
+    def count(path, text):
+        with open(os.path.join(ROOT, path)) as file:
+            return file.read().count(text)
+
+    stale = [f"{mutant.name}: {path} holds its text {count(path, original)} times"
+             for mutant in MUTANTS for path, original, _ in mutant.edits if count(path, original) != 1]
+    assert not stale, stale
