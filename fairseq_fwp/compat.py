@@ -42,7 +42,7 @@
    the tasks that take them.
 10. Options that fairseq does not check and that end inside its code with an error naming none of them, or
    never end (--beam 0, --required-batch-size-multiple 0, ...), are refused by name when a task builds its
-   generator or its batches (option_checks.py).
+   generator, its batches, a progress bar or a translation data set (option_checks.py).
 11. fairseq 0.12's --replace-unk indexes its alignment by target position, where --print-alignment hard gives
    (source, target) word pairs: every <unk> replaced was a TypeError. It reads the pairs now.
 """
@@ -329,6 +329,32 @@ def _patch_generators_to_check_their_options():
     FairseqTask.build_generator = build_generator
 
 
+def _patch_progress_bars_and_collaters_to_check_their_options():
+    from fairseq.data import LanguagePairDataset
+    from fairseq.logging import progress_bar
+
+    from .option_checks import check_length_multiple, check_log_interval
+
+    def make_bar(original):
+        signature = inspect.signature(original)
+
+        def bar(*args, **kwargs):
+            check_log_interval(signature.bind(*args, **kwargs).arguments.get("log_interval"))
+            return original(*args, **kwargs)
+        return bar
+
+    def make_dataset(original):
+        signature = inspect.signature(original)
+
+        def init(self, *args, **kwargs):
+            check_length_multiple(signature.bind(self, *args, **kwargs).arguments.get("pad_to_multiple"))
+            original(self, *args, **kwargs)
+        return init
+
+    _replace(progress_bar, "progress_bar", make_bar)
+    _replace(LanguagePairDataset, "__init__", make_dataset)
+
+
 def _patch_unknown_word_replacement_to_read_aligned_pairs():
     from fairseq import tokenizer, utils
 
@@ -361,4 +387,5 @@ def apply():
     _patch_bf16_without_tpu()
     _patch_task_options_to_name_the_session_tasks()
     _patch_generators_to_check_their_options()
+    _patch_progress_bars_and_collaters_to_check_their_options()
     _patch_unknown_word_replacement_to_read_aligned_pairs()

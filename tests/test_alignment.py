@@ -105,3 +105,29 @@ def test_alignment_options_that_cannot_run_are_refused_naming_them(corpora, tran
                                "--gen-subset", "test", "--prefix-size", 2, "--print-alignment")
     assert status == 1 and "--print-alignment" in output.strip().splitlines()[-1]
     assert not re.search(r"^H-", output, re.M)
+
+
+@pytest.mark.parametrize("flags", [("--fwp-sites", "self"), ("--fwp-feature-map", "softmax")])
+@pytest.mark.parametrize("layer,heads", [(None, None), (0, 1), (1, 3)])
+def test_a_softmax_cross_attention_aligns_with_fairseqs_own_weights(flags, layer, heads):
+    """Where the encoder-decoder attention is fairseq's MultiheadAttention, the alignment (a teacher-forced forward
+    with --alignment-layer and --alignment-heads) is the weights that module computes, averaged over the heads
+    chosen (the last layer's and all heads by default), as for fairseq's Transformer."""
+    from fairseq.modules import MultiheadAttention
+
+    from helpers import build_translation_model
+
+    model, d = build_translation_model(*flags)
+    chosen = len(model.decoder.layers) - 1 if layer is None else layer
+    attention = model.decoder.layers[chosen].encoder_attn
+    assert type(attention) is MultiheadAttention
+    seen = []
+    attention.register_forward_hook(lambda module, args, kwargs, out: seen.append(out[1]), with_kwargs=True)
+    torch.manual_seed(1)
+    source, target = torch.randint(4, len(d), (2, 7)), torch.randint(4, len(d), (2, 5))
+    with torch.no_grad():
+        _, extra = model(source, torch.tensor([7, 7]), target, alignment_layer=layer, alignment_heads=heads)
+    [per_head] = seen  # [heads, rows, target, source]: need_head_weights, the layer fairseq aligns with
+    want = per_head[:heads].mean(0) if heads is not None else per_head.mean(0)
+    assert extra["attn"][0].shape == (2, 5, 7)
+    torch.testing.assert_close(extra["attn"][0], want, rtol=0, atol=0)
