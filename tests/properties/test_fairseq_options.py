@@ -151,3 +151,64 @@ def test_a_verdict_counts_a_refusal_only_where_it_names_a_drawn_option_before_an
     assert verdict(-9, "", flags).startswith("failed: ended by signal 9")
     assert fairseqs_own("x\nValueError: /tmp/a/b.pt has 3 rows", "y\nValueError: /tmp/c.pt has 5 rows")
     assert not fairseqs_own("ValueError: one", "ValueError: another")
+
+
+def generated(output):
+    """What fairseq-generate printed per sentence: {(kind, id): (words, numbers)}, each line's numbers apart (a
+    softmax read in another order may differ in the printed numbers' last digit)."""
+    lines = {}
+    for kind, i, rest in re.findall(r"^([SHPDTA])-(\d+)\t(.*)$", output, re.M):
+        fields = rest.replace(",", " ").split()
+        numbers = [float(f) for f in fields if re.fullmatch(r"-?(\d+\.\d*|inf)", f)]
+        lines[kind, int(i)] = ([f for f in fields if not re.fullmatch(r"-?(\d+\.\d*|inf)", f)], numbers)
+    return lines
+
+
+@pytest.fixture(scope="module")
+def softmax_baseline(files, tmp_path_factory):
+    """Stock fairseq's translation model converted into the plugin's architecture with softmax attention: the same
+    weights, the plugin's model."""
+    from fairseq_fwp.uptraining.conversion import convert
+
+    out = tmp_path_factory.mktemp("softmax-baseline") / "checkpoint.pt"
+    convert(str(files["mt_stock"]), str(out), [str(files["mt"]), "--task", "translation", "--arch",
+                                               "fwp_transformer_tiny", "--fwp-feature-map", "softmax"])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.options
+def test_the_softmax_baseline_generates_what_stock_fairseq_generates_under_every_option(files, softmax_baseline):
+    """Where fairseq defines the result: with the same weights, the plugin's softmax baseline and stock fairseq's
+    Transformer give fairseq-generate the same verdict and, where it runs, the same sentences, hypotheses,
+    alignments and scores (to the printed digits), whatever generation options are drawn."""
+    from examples.recipes.commands import completed
+
+    tool, args = scenario_args("generate translation", files, stock=True)
+    options = drawable(tool_options(tool, args))
+    checked = []
+
+    @own_examples("fairseq-options-softmax-baseline")
+    @settings(max_examples=examples(3))
+    @given(data=st.data())
+    def holds(data):
+        chosen = data.draw(st.lists(st.sampled_from(options), min_size=1, max_size=3, unique_by=lambda o: o.flag),
+                           label="options")
+        words = [word for option in chosen for word in data.draw(values(option, files), label=option.flag)]
+        plugin_args = [str(softmax_baseline) if str(a) == str(files["mt_stock"]) else a for a in args]
+        note(f"reproduce: fairseq-generate {' '.join(map(str, plugin_args))} {' '.join(words)}")
+        status, output = completed(tool, *plugin_args, *words, timeout=TIME_LIMIT)
+        stock_status, stock_output = completed(tool, *args, *words, timeout=TIME_LIMIT)
+        outcome = verdict(status, output, [option.flag for option in chosen])
+        event(outcome.split(":")[0])
+        assert (status == 0) == (stock_status == 0), f"plugin {outcome}; stock:\n{stock_output[-2000:]}"
+        if status == 0:
+            ours, theirs = generated(output), generated(stock_output)
+            assert ours.keys() == theirs.keys()
+            for key in ours:
+                assert ours[key][0] == theirs[key][0], key
+                assert ours[key][1] == pytest.approx(theirs[key][1], abs=2.5e-4), key
+        checked.append(outcome)
+
+    holds()
+    assert_reached(checked, "the softmax baseline against stock fairseq", minimum=1)
