@@ -331,14 +331,7 @@ def _run(modules, command, argv, after_fairseq):
         _set_root_logger(after_fairseq)
     sys.argv = argv
     sys.path[0] = os.path.dirname(_console_script(argv[0]))  # a console script's first path: its own folder
-    try:
-        sys.exit(module.cli_main())
-    except SystemExit as stop:
-        status = _exit_status(stop)
-    except BaseException as error:
-        status = _uncaught(error)
-    _exit_as_the_interpreter()
-    return status
+    return _to_its_exit(lambda: sys.exit(module.cli_main()))
 
 
 def _runs_here(args):
@@ -352,7 +345,8 @@ def _run_python(args, after_fairseq):
     it, which every program here imports (the server imported it once)."""
     _reseed()
     _set_root_logger(after_fairseq)
-    try:
+
+    def program():
         if args[0] == "-m":
             sys.argv, sys.path[0] = [args[1], *args[2:]], os.getcwd()
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
@@ -362,6 +356,14 @@ def _run_python(args, after_fairseq):
         else:
             sys.argv, sys.path[0] = list(args), os.path.dirname(os.path.abspath(args[0]))
             runpy.run_path(args[0], run_name="__main__")
+    return _to_its_exit(program)
+
+
+def _to_its_exit(program):
+    """Runs program() as the interpreter runs a program, to its exit (SystemExit's status, or an uncaught error's
+    traceback and status), and ends as the interpreter does; returns the exit status."""
+    try:
+        program()
         status = 0
     except SystemExit as stop:
         status = _exit_status(stop)
