@@ -490,7 +490,10 @@ def run_part(part, limit, report, args, tmp):
         if not running:
             break
         report.show_running(part, title, text)
-        time.sleep(1)
+        try:
+            child.wait(timeout=1)  # back at once when the part ends
+        except subprocess.TimeoutExpired:
+            pass
     if stopped:
         outcome, on_gpu = f"stopped at its time limit ({limit:.0f} s)", []
     elif os.path.exists(path + ".json"):

@@ -41,7 +41,7 @@ COMMAND_START = re.compile(r"^(fairseq-|python |bash |git |nice |subword-nmt |\.
 # gives, or appended (argparse: the last value of a flag wins). `...` in a command ("your other flags") is
 # where appended flags go.
 BUDGETS = [
-    (re.compile(r"(^|\s)fairseq-train\s"), "--max-update 2"),
+    (re.compile(r"(^|\s)fairseq-train\s"), "--max-update 2 --update-freq 1"),  # each update one batch
     (re.compile(r"-m examples\.synthetic_retrieval\.sweep\s"), "--max-steps 100 --sizes 20 --models sum-linear"),
     (re.compile(r"-m examples\.state_tracking\s"), "--tasks parity --rows sum --seeds 1 --workers 1 --updates 20"),
     (re.compile(r"-m fairseq_fwp\.uptrain\s.*--attention-transfer-steps\s"), "--attention-transfer-steps 2"),
@@ -190,11 +190,11 @@ def test_a_budget_goes_where_a_user_adds_it():
              "fairseq-generate data-bin/x --path OUT/ckpt.pt")
     got = with_budget(block, {"OUT": "ckpt"})
     train, generate = got.split("\n")[1:]
-    assert train == f"    --optimizer sgd --max-update 2 {SMALL_MODEL} --max-tokens 2048   # a comment"
+    assert train == f"    --optimizer sgd --max-update 2 --update-freq 1 {SMALL_MODEL} --max-tokens 2048   # a comment"
     assert generate == "fairseq-generate data-bin/x --path ckpt/ckpt.pt"
     assert got.startswith("fairseq-train data-bin/x --arch fwp_transformer_wmt_en_de_big \\\n")
-    given = with_budget("fairseq-train data-bin/x --max-update 300 --optimizer sgd ...")
-    assert given == "fairseq-train data-bin/x --max-update 2 --optimizer sgd --max-tokens 2048"
+    given = with_budget("fairseq-train data-bin/x --max-update 300 --update-freq 8 --optimizer sgd ...")
+    assert given == "fairseq-train data-bin/x --max-update 2 --update-freq 1 --optimizer sgd --max-tokens 2048"
     transfer = with_budget("python -m fairseq_fwp.uptrain --out c.pt --attention-transfer-steps 100 -- data-bin/x")
     assert transfer == "python -m fairseq_fwp.uptrain --out c.pt --attention-transfer-steps 2 -- data-bin/x"
 

@@ -67,6 +67,6 @@ def large_translation_corpus(tmp_path_factory):
 def test_toy_translation_is_learned(large_translation_corpus, tmp_path):
     """A tiny DPFP + delta model learns the synthetic lexicon and reordering."""
     train_translation(large_translation_corpus, tmp_path, *fwp_flags("dpfp", "delta"), "--dropout", 0,
-                      max_update=170, lr=0.006, warmup=40)
+                      max_update=140, lr=0.006, warmup=40)
     score = bleu(generate(large_translation_corpus, tmp_path / "checkpoint_last.pt"))
     assert score >= 40, score  # chance is ~0 (random lexicon)
