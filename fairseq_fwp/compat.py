@@ -97,6 +97,18 @@ def _replace(owner, name, make):
     setattr(owner, name, replacement)
 
 
+def _checked_before(check, argument):
+    """A `make` for _replace: the original, called after check(the value its call binds to `argument`)."""
+    def make(original):
+        signature = inspect.signature(original)
+
+        def checked(*args, **kwargs):
+            check(signature.bind(*args, **kwargs).arguments.get(argument))
+            return original(*args, **kwargs)
+        return checked
+    return make
+
+
 def _patch_batch_by_size():
     from fairseq.data import data_utils
 
@@ -316,17 +328,7 @@ def _patch_generators_to_check_their_options():
 
     from .option_checks import check_generation
 
-    original = FairseqTask.build_generator
-    if getattr(original, "_fwp_replaced", False):
-        return
-
-    @functools.wraps(original)
-    def build_generator(self, models, args, *more, **kwargs):
-        check_generation(args)
-        return original(self, models, args, *more, **kwargs)
-
-    build_generator._fwp_replaced = True
-    FairseqTask.build_generator = build_generator
+    _replace(FairseqTask, "build_generator", _checked_before(check_generation, "args"))
 
 
 def _patch_progress_bars_and_collaters_to_check_their_options():
@@ -335,24 +337,8 @@ def _patch_progress_bars_and_collaters_to_check_their_options():
 
     from .option_checks import check_length_multiple, check_log_interval
 
-    def make_bar(original):
-        signature = inspect.signature(original)
-
-        def bar(*args, **kwargs):
-            check_log_interval(signature.bind(*args, **kwargs).arguments.get("log_interval"))
-            return original(*args, **kwargs)
-        return bar
-
-    def make_dataset(original):
-        signature = inspect.signature(original)
-
-        def init(self, *args, **kwargs):
-            check_length_multiple(signature.bind(self, *args, **kwargs).arguments.get("pad_to_multiple"))
-            original(self, *args, **kwargs)
-        return init
-
-    _replace(progress_bar, "progress_bar", make_bar)
-    _replace(LanguagePairDataset, "__init__", make_dataset)
+    _replace(progress_bar, "progress_bar", _checked_before(check_log_interval, "log_interval"))
+    _replace(LanguagePairDataset, "__init__", _checked_before(check_length_multiple, "pad_to_multiple"))
 
 
 def _patch_unknown_word_replacement_to_read_aligned_pairs():
